@@ -1,0 +1,121 @@
+"""Combine fragments of one step exactly and report every metric, rounded once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from steptally.client.algebra import expression
+from steptally.client.algebra.errors import ValueRejected
+from steptally.client.algebra.exact import CountState, ExtremeState, SumState
+from steptally.client.algebra.kind import Kind, check_value
+from steptally.client.algebra.spec import MetricSpec
+
+State = SumState | CountState | ExtremeState
+
+
+def new_state(kind: Kind) -> State:
+    if kind is Kind.SUM:
+        return SumState()
+    if kind is Kind.COUNT:
+        return CountState()
+    return ExtremeState(is_max=kind is Kind.MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricResult:
+    """One reported value: ``value`` is None exactly when ``reason`` says why."""
+
+    value: float | None
+    reason: str | None = None
+    kind: str = "derived"
+    n: int = 0
+    non_finite: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "reason": self.reason,
+            "kind": self.kind,
+            "values": self.n,
+            "non_finite": self.non_finite,
+        }
+
+
+class StepAccumulator:
+    """The exact partial state of one step: one state per metric that has values."""
+
+    __slots__ = ("spec", "states")
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+        self.states: dict[str, State] = {}
+
+    def _state(self, name: str) -> State:
+        state = self.states.get(name)
+        if state is None:
+            kind = self.spec.metrics.get(name)
+            if kind is None:
+                raise ValueRejected(f"metric {name!r} is not in the run's spec")
+            state = self.states[name] = new_state(kind)
+        return state
+
+    def add(self, values: Mapping[str, float]) -> None:
+        """Fold one fragment's values in."""
+        for name, value in values.items():
+            state = self._state(name)
+            check_value(self.spec.metrics[name], value, name)
+            state.add(value)
+
+    def add_column(self, name: str, values: Sequence[float]) -> None:
+        """Fold many values of one metric in at once (already validated)."""
+        if values:
+            self._state(name).add_many(values)
+
+    def merge(self, other: StepAccumulator) -> None:
+        """Fold another partial state in; order and grouping never change the result."""
+        for name, state in other.states.items():
+            self._state(name).merge(state)  # type: ignore[arg-type]
+
+    def _exact(self, name: str) -> expression.Exact:
+        state = self.states.get(name)
+        if isinstance(state, ExtremeState) or (state is None and self._is_extreme(name)):
+            value = state.exact() if state is not None else None
+            if value is None:
+                raise expression.Undefined(f"no fragment carried a value of `{name}`")
+            return value
+        return state.exact() if state is not None else Fraction(0)
+
+    def _is_extreme(self, name: str) -> bool:
+        return self.spec.metrics.get(name) in (Kind.MIN, Kind.MAX)
+
+    def report(self) -> dict[str, MetricResult]:
+        """Every metric and derived value of the spec, each rounded once."""
+        out: dict[str, MetricResult] = {}
+        for name, kind in self.spec.metrics.items():
+            state = self.states.get(name)
+            n = state.n if state is not None else 0
+            bad = getattr(state, "non_finite", 0) if state is not None else 0
+            try:
+                value = expression.to_float(self._exact(name))
+                out[name] = MetricResult(value, None, kind.value, n, bad)
+            except expression.Undefined as exc:
+                out[name] = MetricResult(None, exc.args[0], kind.value, n, bad)
+        for name, result in expression.evaluate_all(self.spec.parsed, self._exact).items():
+            if isinstance(result, expression.Undefined):
+                out[name] = MetricResult(None, result.args[0])
+            else:
+                value = expression.to_float(result)
+                out[name] = MetricResult(value, None, non_finite=int(not math.isfinite(value)))
+        return out
+
+
+def combine(spec: MetricSpec, fragments: Iterable[Mapping[str, float]]) -> dict[str, MetricResult]:
+    """Single-pass convenience: combine every fragment and report."""
+    acc = StepAccumulator(spec)
+    for values in fragments:
+        acc.add(values)
+    return acc.report()

@@ -1,0 +1,252 @@
+"""Derived expressions: numbers, metric names, ``+ - * /`` and parentheses.
+
+Parsed by a small recursive-descent parser (never ``eval``) into a tree that is
+evaluated exactly over :class:`~fractions.Fraction` values and rounded once by the
+caller. Decimal literals are exact (``0.1`` means one tenth). An operand that is
+non-finite switches that operation to IEEE float arithmetic, so NaN and the
+infinities propagate as they would in float64; a zero denominator makes the
+result undefined, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from steptally.client.algebra.errors import ExpressionError
+
+Exact = Fraction | float  # a float here is always NaN or an infinity
+
+_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)|([A-Za-z_]\w*)|(.))")
+MAX_LENGTH = 1000
+
+
+class Undefined(Exception):
+    """Raised during evaluation when a value is undefined; ``args[0]`` is the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Num:
+    value: Fraction
+
+    def __str__(self) -> str:
+        return str(self.value) if self.value.denominator == 1 else f"({self.value})"
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Neg:
+    operand: Node
+
+    def __str__(self) -> str:
+        return f"(-{self.operand})"
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp:
+    op: str
+    left: Node
+    right: Node
+
+    def __str__(self) -> str:
+        return f"({self.left} {self.op} {self.right})"
+
+
+Node = Num | Name | Neg | BinOp
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    stripped = text.rstrip()
+    while pos < len(stripped):
+        m = _TOKEN.match(stripped, pos)
+        assert m is not None  # the last alternative matches any character
+        number, name, other = m.groups()
+        if number is not None:
+            tokens.append(("num", number))
+        elif name is not None:
+            tokens.append(("name", name))
+        elif other in "+-*/()":
+            tokens.append(("op", other))
+        else:
+            raise ExpressionError(f"unexpected character {other!r} at position {m.start(3)}")
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.pos = 0
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _fail(self, what: str) -> ExpressionError:
+        return ExpressionError(f"expression {self.text!r}: {what}")
+
+    def parse(self) -> Node:
+        if not self.tokens:
+            raise self._fail("it is empty")
+        node = self._sum()
+        if self._peek() is not None:
+            raise self._fail(f"unexpected {self._peek()[1]!r}")  # type: ignore[index]
+        return node
+
+    def _sum(self) -> Node:
+        node = self._product()
+        while (tok := self._peek()) is not None and tok[1] in ("+", "-") and tok[0] == "op":
+            self.pos += 1
+            node = BinOp(tok[1], node, self._product())
+        return node
+
+    def _product(self) -> Node:
+        node = self._unary()
+        while (tok := self._peek()) is not None and tok[1] in ("*", "/") and tok[0] == "op":
+            self.pos += 1
+            node = BinOp(tok[1], node, self._unary())
+        return node
+
+    def _unary(self) -> Node:
+        tok = self._peek()
+        if tok == ("op", "-"):
+            self.pos += 1
+            return Neg(self._unary())
+        if tok == ("op", "+"):
+            self.pos += 1
+            return self._unary()
+        return self._atom()
+
+    def _atom(self) -> Node:
+        tok = self._peek()
+        if tok is None:
+            raise self._fail("it ends too early")
+        self.pos += 1
+        kind, text = tok
+        if kind == "num":
+            return Num(Fraction(text))
+        if kind == "name":
+            return Name(text)
+        if text == "(":
+            node = self._sum()
+            if self._peek() != ("op", ")"):
+                raise self._fail("a '(' is not closed")
+            self.pos += 1
+            return node
+        raise self._fail(f"unexpected {text!r}")
+
+
+def parse(text: str) -> Node:
+    """Parse ``text`` into an expression tree, or raise :class:`ExpressionError`."""
+    if not isinstance(text, str):
+        raise ExpressionError(f"a derived expression must be a string, not {type(text).__name__}")
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(f"expression is longer than {MAX_LENGTH} characters")
+    return _Parser(text).parse()
+
+
+def names(node: Node) -> set[str]:
+    """Every metric name the expression refers to."""
+    if isinstance(node, Name):
+        return {node.name}
+    if isinstance(node, Neg):
+        return names(node.operand)
+    if isinstance(node, BinOp):
+        return names(node.left) | names(node.right)
+    return set()
+
+
+def canonical(node: Node) -> str:
+    """A text that is equal for two expressions exactly when their trees are equal."""
+    return str(node)
+
+
+def _float_op(op: str, a: float, b: float) -> float:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a / b
+
+
+def _as_exact(x: float) -> Exact:
+    return Fraction(x) if math.isfinite(x) else x
+
+
+def _binop(op: str, a: Exact, b: Exact, right_text: Callable[[], str]) -> Exact:
+    if b == 0 and op == "/":
+        raise Undefined(f"the denominator {right_text()} is zero")
+    if isinstance(a, float) or isinstance(b, float):  # IEEE semantics for NaN and inf
+        return _as_exact(_float_op(op, float(a), float(b)))
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a / b
+
+
+def evaluate(node: Node, lookup: Callable[[str], Exact]) -> Exact:
+    """Evaluate exactly. ``lookup`` returns a metric's exact value or raises :class:`Undefined`."""
+    if isinstance(node, Num):
+        return node.value
+    if isinstance(node, Name):
+        return lookup(node.name)
+    if isinstance(node, Neg):
+        value = evaluate(node.operand, lookup)
+        return -value
+    left = evaluate(node.left, lookup)
+    right = evaluate(node.right, lookup)
+    return _binop(node.op, left, right, lambda: f"`{node.right}`")
+
+
+def to_float(value: Exact) -> float:
+    """Round an exact value once to the nearest float64 (ties to even)."""
+    if isinstance(value, float):
+        return value
+    try:
+        return value.numerator / value.denominator  # correctly rounded
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def evaluate_all(
+    exprs: Mapping[str, Node], base: Callable[[str], Exact]
+) -> dict[str, Exact | Undefined]:
+    """Evaluate every derived expression; derived names may refer to one another."""
+    done: dict[str, Exact | Undefined] = {}
+
+    def lookup(name: str) -> Exact:
+        if name in exprs:
+            if name not in done:
+                try:
+                    done[name] = evaluate(exprs[name], lookup)
+                except Undefined as exc:
+                    done[name] = exc
+            result = done[name]
+            if isinstance(result, Undefined):
+                raise Undefined(f"`{name}` is undefined: {result.args[0]}")
+            return result
+        return base(name)
+
+    for name in exprs:
+        try:
+            lookup(name)
+        except Undefined:
+            pass
+    return done

@@ -1,0 +1,48 @@
+"""Metric kinds and the names they may carry."""
+
+from __future__ import annotations
+
+import math
+import re
+from enum import StrEnum
+
+from steptally.client.algebra.errors import SpecError, ValueRejected
+
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class Kind(StrEnum):
+    """How fragments of a metric combine over a step."""
+
+    SUM = "sum"
+    COUNT = "count"
+    MIN = "min"
+    MAX = "max"
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a valid metric name, else raise :class:`SpecError`."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise SpecError(
+            f"metric name {name!r} is invalid: use letters, digits and '_', "
+            "starting with a letter or '_', at most 128 characters"
+        )
+    return name
+
+
+def parse_kind(value: object, name: str) -> Kind:
+    """Return the :class:`Kind` spelled by ``value`` for metric ``name``."""
+    try:
+        return Kind(value)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind)
+        raise SpecError(f"metric {name!r} has kind {value!r}; use one of {allowed}") from None
+
+
+def check_value(kind: Kind, value: float, name: str) -> float:
+    """Validate one fragment value of ``kind``; non-finite values are data for all but counts."""
+    if kind is Kind.COUNT and not (math.isfinite(value) and value >= 0 and value == int(value)):
+        raise ValueRejected(
+            f"metric {name!r} is a count, so its value must be a non-negative integer, not {value!r}"
+        )
+    return value

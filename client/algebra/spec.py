@@ -1,0 +1,110 @@
+"""The metric spec of a run: each metric's kind and the derived expressions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from steptally.client.algebra import expression
+from steptally.client.algebra.errors import ExpressionError, SpecConflict, SpecError
+from steptally.client.algebra.kind import Kind, check_name, parse_kind
+
+MAX_METRICS = 4096
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Kinds of the base metrics and derived expressions over them.
+
+    ``MetricSpec.build`` validates; the constructor trusts its arguments.
+    """
+
+    metrics: Mapping[str, Kind]
+    derived: Mapping[str, str] = field(default_factory=dict)
+    parsed: Mapping[str, expression.Node] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(
+        cls, metrics: Mapping[str, Any], derived: Mapping[str, str] | None = None
+    ) -> MetricSpec:
+        derived = dict(derived or {})
+        kinds = {check_name(name): parse_kind(kind, name) for name, kind in metrics.items()}
+        if len(kinds) + len(derived) > MAX_METRICS:
+            raise SpecError(f"a run may have at most {MAX_METRICS} metrics and derived values")
+        parsed: dict[str, expression.Node] = {}
+        for name, text in derived.items():
+            check_name(name)
+            if name in kinds:
+                raise SpecError(f"{name!r} is both a metric and a derived expression")
+            try:
+                parsed[name] = expression.parse(text)
+            except ExpressionError as exc:
+                raise ExpressionError(f"derived {name!r}: {exc}") from None
+        for name, node in parsed.items():
+            unknown = sorted(expression.names(node) - kinds.keys() - parsed.keys())
+            if unknown:
+                raise ExpressionError(
+                    f"derived {name!r} refers to {', '.join(map(repr, unknown))}, which the spec "
+                    "does not declare; declare it as a metric or fix the expression"
+                )
+        _check_acyclic(parsed)
+        return cls(kinds, {n: t.strip() for n, t in derived.items()}, parsed)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MetricSpec:
+        return cls.build(data.get("metrics", {}), data.get("derived", {}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metrics": {n: k.value for n, k in self.metrics.items()},
+            "derived": dict(self.derived),
+        }
+
+    def names(self) -> list[str]:
+        return [*self.metrics, *self.derived]
+
+    def merged_with(self, new: MetricSpec) -> MetricSpec:
+        """The spec after registering ``new`` over ``self``: new names are added;
+        a changed kind or a changed meaning of a derived expression is a conflict."""
+        conflicts: list[str] = []
+        for name, kind in new.metrics.items():
+            if name in self.derived:
+                conflicts.append(f"{name!r} is registered as a derived expression, not a {kind}")
+            elif name in self.metrics and self.metrics[name] is not kind:
+                conflicts.append(
+                    f"metric {name!r} is registered as {self.metrics[name]}, not {kind}"
+                )
+        for name, node in new.parsed.items():
+            if name in self.metrics:
+                conflicts.append(f"{name!r} is registered as a {self.metrics[name]} metric")
+            elif name in self.parsed and expression.canonical(
+                self.parsed[name]
+            ) != expression.canonical(node):
+                conflicts.append(
+                    f"derived {name!r} is registered as {self.derived[name]!r}, "
+                    f"not {new.derived[name]!r}"
+                )
+        if conflicts:
+            raise SpecConflict(conflicts)
+        metrics = {**self.metrics, **new.metrics}
+        derived = {**self.derived, **{n: t for n, t in new.derived.items() if n not in self.derived}}
+        return MetricSpec.build(metrics, derived)
+
+
+def _check_acyclic(parsed: Mapping[str, expression.Node]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2 or name not in parsed:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join([*path[path.index(name):], name])
+            raise ExpressionError(f"derived expressions refer to each other in a cycle: {cycle}")
+        state[name] = 1
+        for ref in sorted(expression.names(parsed[name])):
+            visit(ref, [*path, name])
+        state[name] = 2
+
+    for name in parsed:
+        visit(name, [])

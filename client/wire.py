@@ -1,0 +1,299 @@
+"""The wire format of fragments and commits, shared by the reporter and the service.
+
+Two JSON bodies are accepted by ``POST /v1/runs/{run}/fragments``:
+
+* the **row form**, for people and curl::
+
+    {"fragments": [{"step": 3, "rank": 0, "seq": 0, "values": {"loss_num": 1.5}}],
+     "commits":   [{"step": 3, "rank": 0, "fragments": 1}]}
+
+* the **compact (columnar) form**, for the reporter: the values of all fragments as
+  one base64 block of little-endian float64, row-major (fragment × metric)::
+
+    {"columnar": {"metrics": ["loss_num", "tokens"], "step": [3, 3], "rank": [0, 0],
+                  "seq": [0, 1], "values": "<base64>", "present": "<base64>" | null},
+     "commits": [...]}
+
+  ``present`` holds one byte per cell (1 = the fragment carries that metric); when
+  it is null every cell is present.
+
+Non-finite numbers travel in JSON as the strings ``"NaN"``, ``"Infinity"`` and
+``"-Infinity"`` (the proto3 JSON convention), in both directions. Every NaN is
+canonicalised on decode, so a fragment's identity never depends on a NaN payload.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import sys
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from steptally.client.algebra.kind import NAME_PATTERN
+
+MAX_INT = 2**63 - 1
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class WireError(ValueError):
+    """A body does not follow the wire format; ``where`` locates the offending item."""
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    step: int
+    rank: int
+    fragments: int
+
+
+@dataclass(slots=True)
+class FragmentBatch:
+    """Fragments as columns: ``values[i * len(metrics) + j]`` is fragment i's metric j."""
+
+    metrics: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    values: array[float] = field(default_factory=lambda: array("d"))
+    present: bytes | None = None
+    commits: list[Commit] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def row(self, i: int) -> dict[str, float]:
+        """Fragment ``i``'s values as a dict (absent metrics left out)."""
+        m = len(self.metrics)
+        vals = self.values[i * m : (i + 1) * m]
+        if self.present is None:
+            return dict(zip(self.metrics, vals, strict=True))
+        mask = self.present[i * m : (i + 1) * m]
+        return {n: v for n, v, p in zip(self.metrics, vals, mask, strict=True) if p}
+
+    def rows(self) -> Iterator[tuple[int, int, int, dict[str, float]]]:
+        for i in range(len(self)):
+            yield self.steps[i], self.ranks[i], self.seqs[i], self.row(i)
+
+
+# -- numbers -------------------------------------------------------------------------
+
+
+def encode_number(x: float) -> float | str:
+    """A float for JSON: finite as is, non-finite as its proto3 string."""
+    if math.isfinite(x):
+        return x
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def decode_number(v: object, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise WireError(where, f"expected a number, got {type(v).__name__}")
+    if isinstance(v, str):
+        try:
+            return _NON_FINITE[v]
+        except KeyError:
+            raise WireError(
+                where, f"{v!r} is not a number; non-finite values are \"NaN\", "
+                "\"Infinity\" or \"-Infinity\""
+            ) from None
+    try:
+        return float(v)
+    except OverflowError:
+        raise WireError(where, f"the integer {v} is too large for a float64") from None
+
+
+def _int(v: object, where: str, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_INT:
+        raise WireError(where, f"expected an integer from {lo} to 2**63-1, got {v!r}")
+    return v
+
+
+def _canonical_nan(values: array[float]) -> None:
+    try:
+        clean = not math.isnan(math.fsum(values))
+    except (OverflowError, ValueError):
+        clean = False
+    if not clean:
+        for i, v in enumerate(values):
+            if v != v:
+                values[i] = math.nan
+
+
+# -- decode --------------------------------------------------------------------------
+
+
+def decode_batch(body: object) -> FragmentBatch:
+    """Decode a parsed JSON body of either form into a :class:`FragmentBatch`."""
+    if not isinstance(body, dict):
+        raise WireError("", "the body must be a JSON object")
+    unknown = set(body) - {"fragments", "columnar", "commits"}
+    if unknown:
+        raise WireError("", f"unknown field(s) {sorted(unknown)}; use fragments, columnar, commits")
+    if "fragments" in body and "columnar" in body:
+        raise WireError("", "send either 'fragments' (row form) or 'columnar', not both")
+    if body.get("columnar") is not None:
+        batch = _decode_columnar(body["columnar"])
+    else:
+        batch = _decode_rows(body.get("fragments") or [])
+    batch.commits = _decode_commits(body.get("commits") or [])
+    return batch
+
+
+def _decode_rows(rows: object) -> FragmentBatch:
+    if not isinstance(rows, list):
+        raise WireError("fragments", "must be a list")
+    index: dict[str, int] = {}
+    parsed: list[dict[int, float]] = []
+    batch = FragmentBatch()
+    for i, row in enumerate(rows):
+        where = f"fragments[{i}]"
+        if not isinstance(row, dict):
+            raise WireError(where, "must be an object with step, rank, seq and values")
+        missing = [k for k in ("step", "rank", "seq", "values") if k not in row]
+        if missing:
+            raise WireError(where, f"missing field(s) {', '.join(missing)}")
+        extra = set(row) - {"step", "rank", "seq", "values"}
+        if extra:
+            raise WireError(where, f"unknown field(s) {sorted(extra)}")
+        batch.steps.append(_int(row["step"], f"{where}.step"))
+        batch.ranks.append(_int(row["rank"], f"{where}.rank"))
+        batch.seqs.append(_int(row["seq"], f"{where}.seq"))
+        values = row["values"]
+        if not isinstance(values, dict):
+            raise WireError(f"{where}.values", "must be an object of metric name to number")
+        cells: dict[int, float] = {}
+        for name, v in values.items():
+            if not NAME_PATTERN.match(name):
+                raise WireError(f"{where}.values", f"{name!r} is not a valid metric name")
+            col = index.setdefault(name, len(index))
+            cells[col] = decode_number(v, f"{where}.values.{name}")
+        parsed.append(cells)
+    batch.metrics = list(index)
+    m = len(index)
+    batch.values = array("d", bytes(8 * m * len(parsed)))
+    present = bytearray(m * len(parsed))
+    for i, cells in enumerate(parsed):
+        for col, v in cells.items():
+            batch.values[i * m + col] = v
+            present[i * m + col] = 1
+    batch.present = None if all(present) else bytes(present)
+    return batch
+
+
+def _b64(v: object, where: str) -> bytes:
+    if not isinstance(v, str):
+        raise WireError(where, "must be a base64 string")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        raise WireError(where, "is not valid base64") from None
+
+
+def _int_column(data: Mapping[str, Any], key: str, n: int | None) -> list[int]:
+    col = data.get(key)
+    if not isinstance(col, list):
+        raise WireError(f"columnar.{key}", "must be a list of integers")
+    if n is not None and len(col) != n:
+        raise WireError(f"columnar.{key}", f"has {len(col)} entries, but step has {n}")
+    for i, v in enumerate(col):
+        if type(v) is not int or not 0 <= v <= MAX_INT:
+            _int(v, f"columnar.{key}[{i}]")
+    return col
+
+
+def _decode_columnar(data: object) -> FragmentBatch:
+    if not isinstance(data, dict):
+        raise WireError("columnar", "must be an object")
+    metrics = data.get("metrics")
+    if not isinstance(metrics, list) or not all(isinstance(n, str) for n in metrics):
+        raise WireError("columnar.metrics", "must be a list of metric names")
+    for name in metrics:
+        if not NAME_PATTERN.match(name):
+            raise WireError("columnar.metrics", f"{name!r} is not a valid metric name")
+    if len(set(metrics)) != len(metrics):
+        raise WireError("columnar.metrics", "names a metric twice")
+    steps = _int_column(data, "step", None)
+    ranks = _int_column(data, "rank", len(steps))
+    seqs = _int_column(data, "seq", len(steps))
+    raw = _b64(data.get("values"), "columnar.values")
+    cells = len(steps) * len(metrics)
+    if len(raw) != 8 * cells:
+        raise WireError(
+            "columnar.values", f"holds {len(raw) // 8} float64 values, expected {cells}"
+        )
+    values = array("d", raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    _canonical_nan(values)
+    present = None
+    if data.get("present") is not None:
+        present = _b64(data["present"], "columnar.present")
+        if len(present) != cells or present.strip(b"\x00\x01"):
+            raise WireError("columnar.present", f"must hold {cells} bytes, each 0 or 1")
+        if all(present):
+            present = None
+    return FragmentBatch(list(metrics), steps, ranks, seqs, values, present)
+
+
+def _decode_commits(rows: object) -> list[Commit]:
+    if not isinstance(rows, list):
+        raise WireError("commits", "must be a list")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"commits[{i}]"
+        if not isinstance(row, dict) or set(row) != {"step", "rank", "fragments"}:
+            raise WireError(where, "must be an object with exactly step, rank and fragments")
+        out.append(
+            Commit(
+                _int(row["step"], f"{where}.step"),
+                _int(row["rank"], f"{where}.rank"),
+                _int(row["fragments"], f"{where}.fragments"),
+            )
+        )
+    return out
+
+
+# -- encode --------------------------------------------------------------------------
+
+
+def encode_commits(commits: Sequence[Commit]) -> list[dict[str, int]]:
+    return [{"step": c.step, "rank": c.rank, "fragments": c.fragments} for c in commits]
+
+
+def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
+    """The compact form of ``batch`` as a JSON-ready dict."""
+    values = batch.values
+    if sys.byteorder != "little":
+        values = array("d", values)
+        values.byteswap()
+    return {
+        "columnar": {
+            "metrics": list(batch.metrics),
+            "step": list(batch.steps),
+            "rank": list(batch.ranks),
+            "seq": list(batch.seqs),
+            "values": base64.b64encode(values.tobytes()).decode("ascii"),
+            "present": None if batch.present is None else base64.b64encode(batch.present).decode(),
+        },
+        "commits": encode_commits(batch.commits),
+    }
+
+
+def encode_rows(batch: FragmentBatch) -> dict[str, Any]:
+    """The row form of ``batch`` as a JSON-ready dict."""
+    return {
+        "fragments": [
+            {"step": s, "rank": r, "seq": q, "values": {k: encode_number(v) for k, v in d.items()}}
+            for s, r, q, d in batch.rows()
+        ],
+        "commits": encode_commits(batch.commits),
+    }
