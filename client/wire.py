@@ -102,8 +102,8 @@ def decode_number(v: object, where: str) -> float:
             return _NON_FINITE[v]
         except KeyError:
             raise WireError(
-                where, f"{v!r} is not a number; non-finite values are \"NaN\", "
-                "\"Infinity\" or \"-Infinity\""
+                where,
+                f'{v!r} is not a number; non-finite values are "NaN", "Infinity" or "-Infinity"',
             ) from None
     try:
         return float(v)

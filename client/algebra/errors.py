@@ -1,10 +1,10 @@
 """Errors of the algebra.
 
-    AlgebraError
-    ├── SpecError          a run spec is invalid (bad name, unknown kind, bad expression)
-    │   └── ExpressionError    a derived expression does not parse or names an unknown metric
-    ├── SpecConflict       a new spec contradicts the registered one (kind or meaning changed)
-    └── ValueRejected      a fragment value is not acceptable for its metric's kind
+AlgebraError
+├── SpecError          a run spec is invalid (bad name, unknown kind, bad expression)
+│   └── ExpressionError    a derived expression does not parse or names an unknown metric
+├── SpecConflict       a new spec contradicts the registered one (kind or meaning changed)
+└── ValueRejected      a fragment value is not acceptable for its metric's kind
 """
 
 from __future__ import annotations

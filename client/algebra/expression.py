@@ -10,6 +10,7 @@ result undefined, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -20,7 +21,9 @@ from steptally.client.algebra.errors import ExpressionError
 
 Exact = Fraction | float  # a float here is always NaN or an infinity
 
-_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)|([A-Za-z_]\w*)|(.))")
+_TOKEN = re.compile(
+    r"\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)|([A-Za-z_]\w*)|(.))"
+)
 MAX_LENGTH = 1000
 
 
@@ -245,8 +248,6 @@ def evaluate_all(
         return base(name)
 
     for name in exprs:
-        try:
+        with contextlib.suppress(Undefined):
             lookup(name)
-        except Undefined:
-            pass
     return done

@@ -33,6 +33,8 @@ def check_name(name: object) -> str:
 def parse_kind(value: object, name: str) -> Kind:
     """Return the :class:`Kind` spelled by ``value`` for metric ``name``."""
     try:
+        if not isinstance(value, str):
+            raise ValueError
         return Kind(value)
     except ValueError:
         allowed = ", ".join(k.value for k in Kind)
@@ -43,6 +45,7 @@ def check_value(kind: Kind, value: float, name: str) -> float:
     """Validate one fragment value of ``kind``; non-finite values are data for all but counts."""
     if kind is Kind.COUNT and not (math.isfinite(value) and value >= 0 and value == int(value)):
         raise ValueRejected(
-            f"metric {name!r} is a count, so its value must be a non-negative integer, not {value!r}"
+            f"metric {name!r} is a count, so its value must be a non-negative integer, "
+            f"not {value!r}"
         )
     return value

@@ -88,7 +88,10 @@ class MetricSpec:
         if conflicts:
             raise SpecConflict(conflicts)
         metrics = {**self.metrics, **new.metrics}
-        derived = {**self.derived, **{n: t for n, t in new.derived.items() if n not in self.derived}}
+        derived = {
+            **self.derived,
+            **{n: t for n, t in new.derived.items() if n not in self.derived},
+        }
         return MetricSpec.build(metrics, derived)
 
 
@@ -99,7 +102,7 @@ def _check_acyclic(parsed: Mapping[str, expression.Node]) -> None:
         if state.get(name) == 2 or name not in parsed:
             return
         if state.get(name) == 1:
-            cycle = " -> ".join([*path[path.index(name):], name])
+            cycle = " -> ".join([*path[path.index(name) :], name])
             raise ExpressionError(f"derived expressions refer to each other in a cycle: {cycle}")
         state[name] = 1
         for ref in sorted(expression.names(parsed[name])):

@@ -1,0 +1,103 @@
+"""Derived expressions: parsed safely, evaluated exactly, undefined with a reason."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+
+from steptally.client.algebra import ExpressionError, MetricSpec, SpecConflict, SpecError, combine
+from steptally.client.algebra import expression as ex
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a + b * c", Fraction(7)),
+        ("(a + b) * c", Fraction(9)),
+        ("a - b - c", Fraction(-4)),
+        ("a / b / c", Fraction(1, 6)),
+        ("-a + +b", Fraction(1)),
+        ("0.1 * c", Fraction(3, 10)),
+        ("1e1 / 4", Fraction(5, 2)),
+        ("--a", Fraction(1)),
+    ],
+)
+def test_precedence_and_exact_literals(text: str, expected: Fraction) -> None:
+    values = {"a": Fraction(1), "b": Fraction(2), "c": Fraction(3)}
+    assert ex.evaluate(ex.parse(text), values.__getitem__) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "a +", "(a", "a)", "a $ b", "__import__('os')", "a ** b", "1 2", "a.b", "[a]"],
+)
+def test_bad_expressions_are_rejected(text: str) -> None:
+    with pytest.raises(ExpressionError):
+        ex.parse(text)
+
+
+def test_zero_denominator_is_undefined_with_a_reason() -> None:
+    spec = MetricSpec.build({"num": "sum", "n": "count"}, {"mean": "num / n", "twice": "2 * mean"})
+    out = combine(spec, [{"num": 3.0, "n": 0}])
+    assert out["mean"].value is None
+    assert out["mean"].reason == "the denominator `n` is zero"
+    assert out["twice"].value is None
+    assert "`mean` is undefined" in (out["twice"].reason or "")
+
+
+def test_non_finite_operands_follow_ieee() -> None:
+    spec = MetricSpec.build(
+        {"a": "sum", "b": "sum", "n": "count"}, {"r": "a / n", "s": "b / a", "d": "a - a"}
+    )
+    out = combine(spec, [{"a": math.inf, "b": 1.0, "n": 2}])
+    assert out["r"].value == math.inf
+    assert out["s"].value == 0.0
+    assert math.isnan(out["d"].value or 0.0)
+    assert out["d"].non_finite == 1
+
+
+def test_empty_extreme_is_undefined_not_a_sentinel() -> None:
+    spec = MetricSpec.build({"lo": "min", "hi": "max", "t": "sum"})
+    out = combine(spec, [{"t": 1.0}])
+    assert out["lo"].value is None and out["hi"].value is None
+    assert out["lo"].reason == "no fragment carried a value of `lo`"
+    assert out["t"].value == 1.0
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(SpecError, match="kind 'mean'"):
+        MetricSpec.build({"a": "mean"})
+    with pytest.raises(SpecError, match="invalid"):
+        MetricSpec.build({"bad name": "sum"})
+    with pytest.raises(ExpressionError, match="'missing'"):
+        MetricSpec.build({"a": "sum"}, {"q": "a / missing"})
+    with pytest.raises(ExpressionError, match="cycle"):
+        MetricSpec.build({"a": "sum"}, {"p": "q + a", "q": "p * 2"})
+    with pytest.raises(SpecError, match="both a metric and a derived"):
+        MetricSpec.build({"a": "sum"}, {"a": "1"})
+
+
+def test_merging_specs_adds_metrics_and_refuses_changes() -> None:
+    old = MetricSpec.build({"a": "sum", "n": "count"}, {"m": "a / n"})
+    same_meaning = MetricSpec.build({"a": "sum", "n": "count"}, {"m": " a/n "})
+    merged = old.merged_with(same_meaning)
+    assert merged == old
+    grown = old.merged_with(MetricSpec.build({"b": "max"}))
+    assert set(grown.metrics) == {"a", "n", "b"}
+    with pytest.raises(SpecConflict) as info:
+        old.merged_with(MetricSpec.build({"a": "max", "n": "count"}, {"m": "n / a"}))
+    assert info.value.conflicts == [
+        "metric 'a' is registered as sum, not max",
+        "derived 'm' is registered as 'a / n', not 'n / a'",
+    ]
+
+
+def test_count_rejects_non_integers() -> None:
+    from steptally.client.algebra import ValueRejected
+
+    spec = MetricSpec.build({"n": "count"})
+    for bad in (1.5, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueRejected, match="non-negative integer"):
+            combine(spec, [{"n": bad}])

@@ -1,0 +1,129 @@
+"""The wire format: both forms decode to the same batch; bad input names the item."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from steptally.client.wire import (
+    FragmentBatch,
+    WireError,
+    decode_batch,
+    encode_columnar,
+    encode_number,
+    encode_rows,
+)
+
+ROWS = {
+    "fragments": [
+        {"step": 1, "rank": 0, "seq": 0, "values": {"a": 1, "b": "NaN"}},
+        {"step": 1, "rank": 1, "seq": 0, "values": {"a": "-Infinity"}},
+    ],
+    "commits": [{"step": 1, "rank": 0, "fragments": 1}],
+}
+
+
+def test_row_form_decodes_with_absent_cells_and_non_finite_strings() -> None:
+    batch = decode_batch(ROWS)
+    rows = list(batch.rows())
+    assert rows[0][:3] == (1, 0, 0) and rows[0][3]["a"] == 1.0 and math.isnan(rows[0][3]["b"])
+    assert rows[1] == (1, 1, 0, {"a": -math.inf})
+    assert batch.commits[0].fragments == 1
+
+
+def test_compact_and_row_forms_round_trip() -> None:
+    batch = decode_batch(ROWS)
+    again = decode_batch(encode_columnar(batch))
+    assert again.values.tobytes() == batch.values.tobytes()
+    assert again.present == batch.present
+    assert encode_rows(again) == encode_rows(batch)
+    assert encode_rows(again)["fragments"][0]["values"]["b"] == "NaN"
+
+
+@given(st.lists(st.floats(), min_size=1, max_size=20))
+def test_compact_form_keeps_every_bit_and_canonicalises_nan(values: list[float]) -> None:
+    raw = b"".join(struct.pack("<d", v) for v in values)
+    body = {
+        "columnar": {
+            "metrics": ["x"],
+            "step": [0] * len(values),
+            "rank": [0] * len(values),
+            "seq": list(range(len(values))),
+            "values": base64.b64encode(raw).decode(),
+        }
+    }
+    batch = decode_batch(body)
+    for got, sent in zip(batch.values, values, strict=True):
+        if math.isnan(sent):
+            assert struct.pack("<d", got) == struct.pack("<d", math.nan)
+        else:
+            assert struct.pack("<d", got) == struct.pack("<d", sent)
+
+
+def test_a_nan_payload_does_not_change_identity() -> None:
+    odd_nan = struct.pack("<Q", 0x7FF8_0000_0000_0123)
+    body = {
+        "columnar": {
+            "metrics": ["x"],
+            "step": [0],
+            "rank": [0],
+            "seq": [0],
+            "values": base64.b64encode(odd_nan).decode(),
+        }
+    }
+    assert decode_batch(body).values.tobytes() == struct.pack("<d", math.nan)
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"fragments": [{"step": -1, "rank": 0, "seq": 0, "values": {}}]}, "fragments[0].step"),
+        ({"fragments": [{"step": 0, "rank": True, "seq": 0, "values": {}}]}, "fragments[0].rank"),
+        ({"fragments": [{"step": 0, "rank": 0, "values": {}}]}, "fragments[0]"),
+        (
+            {"fragments": [{"step": 0, "rank": 0, "seq": 0, "values": {"a": "1"}}]},
+            "fragments[0].values.a",
+        ),
+        (
+            {"fragments": [{"step": 0, "rank": 0, "seq": 0, "values": {"a b": 1}}]},
+            "fragments[0].values",
+        ),
+        ({"commits": [{"step": 0, "rank": 0}]}, "commits[0]"),
+        (
+            {"columnar": {"metrics": ["a"], "step": [0], "rank": [0], "seq": [0], "values": "!!"}},
+            "columnar.values",
+        ),
+        (
+            {"columnar": {"metrics": ["a"], "step": [0], "rank": [0, 1], "seq": [0], "values": ""}},
+            "columnar.rank",
+        ),
+        (
+            {"columnar": {"metrics": ["a"], "step": [0], "rank": [0], "seq": [0], "values": ""}},
+            "columnar.values",
+        ),
+        ({"surprise": 1}, ""),
+    ],
+)
+def test_bad_bodies_name_the_item(body: object, where: str) -> None:
+    with pytest.raises(WireError) as info:
+        decode_batch(body)
+    assert info.value.where == where
+
+
+def test_encode_number() -> None:
+    assert [encode_number(v) for v in (1.5, math.nan, math.inf, -math.inf)] == [
+        1.5,
+        "NaN",
+        "Infinity",
+        "-Infinity",
+    ]
+
+
+def test_empty_batch() -> None:
+    assert len(decode_batch({})) == 0
+    assert isinstance(decode_batch({"fragments": []}), FragmentBatch)
