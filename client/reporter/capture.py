@@ -1,0 +1,177 @@
+"""Turning one ``log()`` call into a queue entry, on the training thread.
+
+This is the only reporter code on the critical path, so it does as little as it can:
+check every name and value (a programming error raises here, at once), convert host
+numbers to float, and for CUDA tensors start a non-blocking copy into pinned host
+memory followed by a CUDA event. Nothing here synchronises with a device; the
+background thread waits on the event (:meth:`Entry.resolve`).
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from steptally.client.algebra import Kind
+from steptally.client.reporter.errors import FragmentError
+
+
+class _Staged:
+    """Device values on their way to pinned host memory: one copy and event per device."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[tuple[list[int], Any, Any, Any]]) -> None:
+        self.parts = parts  # (indices, pinned host tensor, event, device source kept alive)
+
+    def wait(self, values: list[float]) -> None:
+        for indices, host, event, _source in self.parts:
+            event.synchronize()
+            for i, x in zip(indices, host.tolist(), strict=True):
+                values[i] = x
+        self.parts = []
+
+
+class Entry:
+    """The values of one fragment: ``names[i]`` has ``values[i]`` once resolved."""
+
+    __slots__ = ("counts", "names", "seq", "staged", "step", "values")
+
+    def __init__(
+        self,
+        step: int,
+        names: tuple[str, ...],
+        values: list[float],
+        staged: _Staged | None = None,
+        counts: list[int] | None = None,
+    ) -> None:
+        self.step = step
+        self.seq = -1
+        self.names = names
+        self.values = values
+        self.staged = staged
+        self.counts = counts  # indices of count metrics whose value is still on the device
+
+    def resolve(self) -> str | None:
+        """Wait for device values (off the training thread); a reason if one is invalid."""
+        if self.staged is None:
+            return None
+        self.staged.wait(self.values)
+        self.staged = None
+        for i in self.counts or ():
+            if not _is_count(self.values[i]):
+                return _count_message(self.names[i], self.values[i])
+        return None
+
+
+def _is_count(x: float) -> bool:
+    return x >= 0 and x.is_integer()
+
+
+def _count_message(name: str, x: object) -> str:
+    return f"metric {name!r} is a count, so its value must be a non-negative integer, not {x!r}"
+
+
+def check_step(step: object) -> int:
+    if type(step) is not int or step < 0:
+        if isinstance(step, numbers.Integral) and not isinstance(step, bool) and int(step) >= 0:
+            return int(step)
+        raise FragmentError(f"step must be a non-negative integer, not {step!r}")
+    return step
+
+
+def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind]) -> Entry:
+    """Check and convert one fragment; raises :class:`FragmentError` on a programming error."""
+    if not isinstance(fragments, Mapping) or not fragments:
+        raise FragmentError(
+            f"log() takes a non-empty mapping of metric name to value, not {fragments!r}"
+        )
+    names = tuple(fragments)
+    values: list[float] = []
+    device: list[int] = []
+    for name, v in fragments.items():
+        kind = kinds.get(name)
+        if kind is None:
+            raise _unknown(name, kinds)
+        t = type(v)
+        if t is float:
+            x: float = v  # type: ignore[assignment]
+        elif t is int:
+            x = _int_value(name, v)  # type: ignore[arg-type]
+        else:
+            got = _other_value(name, v)
+            if got is None:
+                device.append(len(values))
+                values.append(0.0)
+                continue
+            x = got
+        if kind is Kind.COUNT and not _is_count(x):
+            raise FragmentError(_count_message(name, v))
+        values.append(x)
+    if not device:
+        return Entry(step, names, values)
+    counts = [i for i in device if kinds[names[i]] is Kind.COUNT]
+    return Entry(step, names, values, _stage([fragments[names[i]] for i in device], device), counts)
+
+
+def _unknown(name: object, kinds: Mapping[str, Kind]) -> FragmentError:
+    known = ", ".join(sorted(kinds)[:20]) + (", ..." if len(kinds) > 20 else "")
+    return FragmentError(
+        f"metric {name!r} is not a base metric of the run's spec (known: {known}); "
+        "add it to the spec, or log only declared metrics (derived ones are computed)"
+    )
+
+
+def _int_value(name: str, v: int) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        message = f"metric {name!r}: the integer {v} is too large for a float64"
+        raise FragmentError(message) from None
+
+
+def _other_value(name: str, v: object) -> float | None:
+    """A float for host values; None for a CUDA tensor (to be staged)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        return _tensor_value(name, v, torch)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise FragmentError(
+            f"metric {name!r}: the value must be a number or a one-element tensor, "
+            f"not {type(v).__name__} {v!r}"
+        )
+    return _int_value(name, int(v)) if isinstance(v, numbers.Integral) else float(v)
+
+
+def _tensor_value(name: str, v: Any, torch: Any) -> float | None:
+    if v.numel() != 1:
+        raise FragmentError(
+            f"metric {name!r}: a tensor value must hold exactly one element (0-d or "
+            f"1-element), not shape {tuple(v.shape)}; reduce it to a scalar first"
+        )
+    if v.dtype == torch.bool or v.is_complex():
+        raise FragmentError(f"metric {name!r}: a {v.dtype} tensor is not a real number")
+    if v.device.type == "cuda":
+        return None
+    return float(v.detach().reshape(()).item())
+
+
+def _stage(tensors: list[Any], indices: list[int]) -> _Staged:
+    """Copy device scalars to pinned host memory without waiting, and record an event."""
+    torch = sys.modules["torch"]
+    groups: dict[Any, tuple[list[int], list[Any]]] = {}
+    for i, t in zip(indices, tensors, strict=True):
+        group = groups.setdefault(t.device, ([], []))
+        group[0].append(i)
+        group[1].append(t.detach().reshape(()).to(torch.float64))
+    parts = []
+    for dev, (idx, ts) in groups.items():
+        source = torch.stack(ts)
+        host = torch.empty(len(ts), dtype=torch.float64, pin_memory=True)
+        host.copy_(source, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(dev))
+        parts.append((idx, host, event, source))
+    return _Staged(parts)

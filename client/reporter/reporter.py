@@ -1,0 +1,179 @@
+"""The reporter: the one object a training loop talks to.
+
+reporter = Reporter(url, run="grpo-8b", spec=loss.metric_spec())
+for step in steps:
+    for mb in microbatches:
+        reporter.log(step, fragments)   # returns at once; no device sync
+    reporter.commit(step)
+reporter.close()                        # flushes; also at interpreter exit
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from steptally.client.algebra import MetricSpec
+from steptally.client.reporter.capture import capture, check_step
+from steptally.client.reporter.errors import ReporterClosed
+from steptally.client.reporter.identity import resolve_identity
+from steptally.client.reporter.intake import Intake
+from steptally.client.reporter.options import ReporterOptions, default_spool_dir
+from steptally.client.reporter.outbox import Outbox
+from steptally.client.reporter.sender import Sender
+from steptally.client.reporter.spool import Spool
+from steptally.client.reporter.stats import Stats
+from steptally.client.reporter.worker import Worker
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+GiB = 1 << 30
+
+_live: weakref.WeakSet[Reporter] = weakref.WeakSet()
+
+
+class Reporter:
+    """Posts a rank's fragments and commits to a Steptally service, in the background.
+
+    ``log()`` and ``commit()`` return at once and never raise for a delivery problem;
+    they raise :class:`~steptally.client.reporter.errors.FragmentError` at once for a
+    programming error. Delivery is batched, retried, and spooled to ``spool_dir`` while
+    the service is away; see :meth:`stats` for what happened.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        run: str,
+        spec: MetricSpec | Mapping[str, Any],
+        rank: int | None = None,
+        world_size: int | None = None,
+        token: str | None = None,
+        step_timeout_s: float = 300.0,
+        transport: httpx.BaseTransport | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        max_spool_bytes: int = 1 * GiB,
+        log_every_s: float | None = None,
+        options: ReporterOptions | None = None,
+    ) -> None:
+        if not isinstance(run, str) or not RUN_NAME.match(run):
+            raise ValueError(f"run name {run!r} is invalid: use letters, digits, '_', '.', '-'")
+        spec = spec if isinstance(spec, MetricSpec) else MetricSpec.from_json(spec)
+        identity = resolve_identity(rank, world_size)
+        options = options or ReporterOptions()
+        self.url, self.run, self.spec = url, run, spec
+        self.rank, self.world_size = identity.rank, identity.world_size
+        self._kinds = dict(spec.metrics)
+        registration = {
+            "name": run,
+            "world_size": self.world_size,
+            **spec.to_json(),
+            "step_timeout_s": step_timeout_s,
+        }
+        directory = Path(spool_dir) if spool_dir else default_spool_dir(url, run, self.rank)
+        self._intake = Intake(
+            self.rank,
+            options.max_queue_items,
+            options.max_queue_bytes,
+            options.max_batch_fragments,
+        )
+        self._worker = Worker(
+            self._intake,
+            Outbox(Spool(directory, max_spool_bytes), options.max_queue_bytes),
+            Sender(url, run, registration, token, transport, options.timeout_s),
+            options,
+            log_every_s,
+        )
+        self._exit_timeout = options.exit_timeout_s
+        self._closed = False
+        _live.add(self)
+        self._worker.replay()
+
+    @property
+    def spool_dir(self) -> Path:
+        return self._worker.outbox.spool.directory
+
+    def log(self, step: int, fragments: Mapping[str, Any]) -> None:
+        """Queue one fragment (typically one microbatch) of ``step``; returns at once.
+
+        Values are floats, ints or one-element tensors on any device; a CUDA tensor is
+        copied to pinned host memory without waiting, and read in the background.
+        """
+        if self._closed:
+            raise ReporterClosed("log() after close(); create a new Reporter")
+        entry = capture(check_step(step), fragments, self._kinds)
+        worker = self._worker
+        if not worker.started:
+            worker.start()
+        if not self._intake.put(entry):
+            worker.counters.add(dropped=1)
+            worker.counters.error("the in-memory queue is full: a fragment was dropped")
+            worker.settle(1)
+
+    def commit(self, step: int) -> None:
+        """Declare ``step`` done for this rank: it sent one fragment per log() call."""
+        if self._closed:
+            raise ReporterClosed("commit() after close(); create a new Reporter")
+        self._intake.commit(check_step(step))
+        if not self._worker.started:
+            self._worker.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything logged so far is delivered (or given up for good).
+
+        True when it was; False after ``timeout`` seconds with data still waiting.
+        """
+        return self._worker.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout``, default ``exit_timeout_s``), then stop; what is still
+        undelivered stays in the spool for the next reporter of this run and rank."""
+        if self._closed:
+            return True
+        self._closed = True
+        _live.discard(self)
+        return self._worker.close(self._exit_timeout if timeout is None else timeout)
+
+    def stats(self) -> Stats:
+        """Counters of what was sent, retried, spooled, dropped, queued and rejected."""
+        return self._worker.counters.snapshot(self._worker.queued())
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Reporter({self.url!r}, run={self.run!r}, rank={self.rank}/{self.world_size})"
+
+    def _after_fork_in_child(self) -> None:
+        self._worker.reset_after_fork()
+        self._intake = self._worker.intake
+
+
+def _close_all_at_exit() -> None:
+    for reporter in list(_live):
+        reporter.close()
+
+
+def _after_fork_in_child() -> None:
+    for reporter in list(_live):
+        reporter._after_fork_in_child()
+
+
+atexit.register(_close_all_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,113 @@
+"""The one place that talks HTTP: register the run, post a parcel, classify the answer.
+
+Everything goes through one ``httpx.Client`` whose transport is injectable, so tests
+use ``httpx.MockTransport`` and the real service alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import httpx
+
+from steptally.client.reporter.retry import is_retryable, parse_retry_after
+
+
+class Outcome(Enum):
+    OK = "ok"
+    RETRY = "retry"  # may pass: connection error, 5xx, 408, 429
+    REJECT = "reject"  # final: any other 4xx
+    UNKNOWN_RUN = "unknown_run"  # the service forgot the run: register again
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    outcome: Outcome
+    status: int | None = None
+    code: str | None = None
+    message: str = ""
+    retry_after: float | None = None
+
+
+class Sender:
+    def __init__(
+        self,
+        url: str,
+        run: str,
+        registration: dict[str, Any],
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.base = url.rstrip("/")
+        self.run = run
+        self.registration = registration
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._transport = transport
+        self._timeout = timeout_s
+        self._client: httpx.Client | None = None
+
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(
+                transport=self._transport, timeout=self._timeout, headers=self._headers
+            )
+        return self._client
+
+    def reset_after_fork(self) -> None:
+        """A forked child must not share the parent's connections: start a new client."""
+        self._client = None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def register(self) -> Answer:
+        return self._request("POST", "/v1/runs", json=self.registration)
+
+    def post(self, body: bytes, headers: dict[str, str]) -> Answer:
+        return self._request(
+            "POST", f"/v1/runs/{self.run}/fragments", content=body, headers=headers
+        )
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Answer:
+        try:
+            response = self.client().request(method, self.base + path, **kwargs)
+        except httpx.TransportError as exc:
+            return Answer(Outcome.RETRY, message=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        except httpx.HTTPError as exc:  # e.g. an invalid url: retrying will not help
+            return Answer(Outcome.REJECT, message=f"{type(exc).__name__}: {exc}")
+        return classify(response)
+
+
+def classify(response: httpx.Response) -> Answer:
+    status = response.status_code
+    if 200 <= status < 300:
+        return Answer(Outcome.OK, status)
+    code, message = _error_of(response)
+    if is_retryable(status):
+        after = parse_retry_after(response.headers.get("retry-after"))
+        return Answer(Outcome.RETRY, status, code, message, after)
+    if status == 404 and code == "unknown_run":
+        return Answer(Outcome.UNKNOWN_RUN, status, code, message)
+    return Answer(Outcome.REJECT, status, code, message)
+
+
+def _error_of(response: httpx.Response) -> tuple[str | None, str]:
+    """The machine-readable code and a readable sentence from an error body."""
+    text = f"HTTP {response.status_code}"
+    try:
+        body = json.loads(response.read() or b"null")
+    except ValueError:
+        snippet = response.text[:200].strip()
+        return None, f"{text}: {snippet}" if snippet else text
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None, f"{text}: {str(body)[:200]}"
+    code = error.get("code")
+    where = f" (at {error['where']})" if error.get("where") else ""
+    return (str(code) if code else None), f"{text} {code}: {error.get('message')}{where}"

@@ -1,0 +1,266 @@
+"""The background side: one thread batches, one thread sends.
+
+The *batcher* thread drains the intake, waits for device values, cuts batches and
+puts them in the outbox; it never touches the network, so the intake keeps draining
+into memory or the spool however slow the service is. The *sender* thread posts the
+oldest parcel, registers the run on first contact, and on a failure that may pass
+spills the outbox to the spool and waits (capped backoff with jitter, or the server's
+Retry-After) before trying the same parcel again. Both threads are daemons, started
+lazily and started again in a forked child.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from steptally.client.reporter.batcher import Batcher
+from steptally.client.reporter.capture import Entry
+from steptally.client.reporter.intake import Intake
+from steptally.client.reporter.options import ReporterOptions
+from steptally.client.reporter.outbox import Outbox, Placed
+from steptally.client.reporter.parcel import Parcel
+from steptally.client.reporter.retry import Backoff
+from steptally.client.reporter.sender import Answer, Outcome, Sender
+from steptally.client.reporter.stats import Counters
+from steptally.client.wire import Commit
+
+log = logging.getLogger("steptally.reporter")
+
+
+class Worker:
+    def __init__(
+        self,
+        intake: Intake,
+        outbox: Outbox,
+        sender: Sender,
+        options: ReporterOptions,
+        log_every_s: float | None = None,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        self.intake = intake
+        self.outbox = outbox
+        self.sender = sender
+        self.options = options
+        self.log_every_s = log_every_s
+        self.counters = Counters()
+        base, cap = options.backoff_base_s, options.backoff_max_s
+        self.backoff = Backoff(base, cap) if rng is None else Backoff(base, cap, rng)
+        self.batcher = Batcher(intake.rank, options)
+        self.registered = False
+        self.started = False
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        self._progress = threading.Condition()
+        self._settled = 0
+        self._replayed = 0
+        self._flush_gen = self._served_gen = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._down = False
+
+    # -- the calling side ------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._progress:
+            if self.started:
+                return
+            self.started = True
+            for name, target in (("batcher", self._batch_loop), ("sender", self._send_loop)):
+                thread = threading.Thread(target=target, name=f"steptally-{name}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: no threads, no parent data; start afresh on first use."""
+        self.intake.reset_after_fork()
+        self.outbox.reset_after_fork()
+        self.sender.reset_after_fork()
+        self.counters = Counters()
+        self.batcher = Batcher(self.intake.rank, self.options)
+        self.started = False
+        self._fresh_state()
+
+    def replay(self) -> int:
+        """Queue what a previous process left in the spool; how many parcels."""
+        found = self.outbox.replay()
+        if found:
+            self._replayed += len(found)
+            log.info(
+                "steptally: replaying %d spooled batches from %s",
+                len(found),
+                self.outbox.spool.directory,
+            )
+            self.start()
+        return len(found)
+
+    def settle(self, items: int) -> None:
+        with self._progress:
+            self._settled += items
+            self._progress.notify_all()
+
+    def flush(self, timeout: float | None) -> bool:
+        """Wait until everything queued so far is delivered or given up; False on timeout."""
+        target = self.intake.items + self._replayed
+        if self._settled >= target:
+            return True
+        self.start()
+        self._flush_gen += 1
+        self.intake.wake.set()
+        with self._progress:
+            return self._progress.wait_for(lambda: self._settled >= target, timeout)
+
+    def close(self, timeout: float | None) -> bool:
+        """Flush, stop both threads, and leave whatever is undelivered in the spool."""
+        done = self.flush(timeout)
+        self._stop.set()
+        self.intake.wake.set()
+        for thread in self._threads:
+            thread.join(timeout=1.0 if thread.name.endswith("batcher") else 0.0)
+        if not done:
+            moved = self.outbox.spill()
+            self.counters.add(spooled=sum(p.fragments for p in moved))
+            log.warning(
+                "steptally: closing with undelivered data; it stays in the spool "
+                "at %s for the next reporter of this run and rank",
+                self.outbox.spool.directory,
+            )
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+        self.sender.close()
+        return done
+
+    def queued(self) -> int:
+        return self.intake.fragments() + len(self.batcher.entries) + self.outbox.fragments()
+
+    # -- the batcher thread ------------------------------------------------------------
+
+    def _batch_loop(self) -> None:
+        poll = max(0.01, self.options.flush_interval_s / 2)
+        next_line = time.monotonic() + (self.log_every_s or 0)
+        while True:
+            stopping = self._stop.is_set()
+            gen = self._flush_gen
+            for item in self.intake.drain():
+                self._take(item)
+            now = time.monotonic()
+            if self.batcher.due(now) or gen != self._served_gen or stopping:
+                self._ship()
+                self._served_gen = gen
+            if stopping:
+                return
+            if self.log_every_s and now >= next_line:
+                log.info("steptally: %s", self.counters.snapshot(self.queued()).line())
+                next_line = now + self.log_every_s
+            deadline = self.batcher.deadline()
+            wait = poll if deadline is None else min(poll, max(0.0, deadline - now))
+            self.intake.wake.wait(wait)
+            self.intake.wake.clear()
+
+    def _take(self, item: Entry | Commit) -> None:
+        now = time.monotonic()
+        if isinstance(item, Entry) and item.staged is not None:
+            reason = item.resolve()
+            if reason is not None:
+                self._reject(1, f"rank {self.intake.rank} step {item.step}: {reason}")
+                self.batcher.settle_dropped(now)
+                return
+        self.batcher.add(item, now)
+        if self.batcher.due(now):
+            self._ship()
+
+    def _ship(self) -> None:
+        parcel = self.batcher.cut()
+        if parcel is None:
+            return
+        placed = self.outbox.put(parcel)
+        if placed is Placed.SPOOL:
+            self.counters.add(spooled=parcel.fragments)
+        elif placed is Placed.DROPPED:
+            self.counters.add(dropped=parcel.fragments)
+            message = (
+                f"memory and spool are full: dropped {parcel.fragments} fragments and "
+                f"{parcel.commits} commits; raise max_spool_bytes"
+            )
+            self.counters.error(message)
+            log.error("steptally: %s", message)
+            self.settle(parcel.items)
+
+    def _reject(self, fragments: int, message: str) -> None:
+        self.counters.add(rejected=fragments)
+        self.counters.error(message)
+        log.error("steptally: rejected: %s", message)
+
+    # -- the sender thread -------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            got = self.outbox.head(timeout=0.2)
+            if got is None:
+                continue
+            parcel, body = got
+            if self.counters.failed:
+                self._done(parcel)
+                self.counters.add(rejected=parcel.fragments)
+            elif self.registered or self._register():
+                self._deliver(parcel, body)
+
+    def _done(self, parcel: Parcel) -> None:
+        self.outbox.pop(parcel)
+        self.settle(parcel.items)
+
+    def _register(self) -> bool:
+        answer = self.sender.register()
+        if answer.outcome is Outcome.OK:
+            self.registered = True
+            return True
+        if answer.outcome is Outcome.RETRY:
+            self._retry(answer)
+            return False
+        self.counters.failed = True
+        self._reject(
+            0,
+            f"the run {self.sender.run!r} could not be registered: {answer.message}; "
+            "nothing more will be delivered by this reporter",
+        )
+        return False
+
+    def _deliver(self, parcel: Parcel, body: bytes) -> None:
+        answer = self.sender.post(body, parcel.headers())
+        if answer.outcome is Outcome.OK:
+            self._done(parcel)
+            self.counters.add(sent=parcel.fragments)
+            self.backoff.reset()
+            if self._down:
+                self._down = False
+                log.warning(
+                    "steptally: the service answers again; sending %d waiting batches in order",
+                    len(self.outbox),
+                )
+        elif answer.outcome is Outcome.UNKNOWN_RUN:
+            self.registered = False
+            self.counters.add(retried=1)
+            log.warning("steptally: the service does not know the run; registering it again")
+        elif answer.outcome is Outcome.RETRY:
+            self._retry(answer)
+        else:
+            self._done(parcel)
+            self._reject(parcel.fragments, answer.message)
+
+    def _retry(self, answer: Answer) -> None:
+        self.counters.add(retried=1)
+        self.counters.error(answer.message)
+        moved = self.outbox.spill()
+        self.counters.add(spooled=sum(p.fragments for p in moved))
+        if not self._down:
+            self._down = True
+            log.warning(
+                "steptally: the service is not answering (%s); spooling to %s and retrying",
+                answer.message,
+                self.outbox.spool.directory,
+            )
+        delay = self.backoff.next(answer.retry_after, self.options.max_retry_after_s)
+        self._stop.wait(delay)
