@@ -1,0 +1,34 @@
+"""``POST /v1/runs/{run}/fragments``: the ingest route.
+
+The body is read here (size limit, gzip); decoding, validation and the store's
+transaction run in the thread pool, and the answer is sent only after the commit.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from steptally.service.api.body import decode_content, read_limited
+from steptally.service.api.deps import ServiceDep, SettingsDep
+from steptally.service.api.response import JsonResponse
+
+router = APIRouter(prefix="/v1/runs", tags=["fragments"])
+
+
+@router.post("/{run}/fragments")
+async def post_fragments(
+    run: str, request: Request, service: ServiceDep, settings: SettingsDep
+) -> JsonResponse:
+    arrived = time.perf_counter()
+    limit = settings.max_body_bytes
+    raw = await read_limited(request, limit)
+    encoding = request.headers.get("content-encoding")
+
+    def handle() -> JsonResponse:
+        body = decode_content(raw, encoding, limit)
+        return JsonResponse(service.ingest(run, body, arrived))
+
+    return await run_in_threadpool(handle)

@@ -1,0 +1,45 @@
+"""``/v1/runs``: register, list and show runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from steptally.service.api.deps import ServiceDep
+from steptally.service.api.response import JsonResponse
+from steptally.service.usecase.run_registry import RunRequest
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+class RunBody(BaseModel):
+    """The body of ``POST /v1/runs``; the spec itself is checked by the algebra."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    world_size: int
+    metrics: dict[str, Any]
+    derived: dict[str, str] = Field(default_factory=dict)
+    step_timeout_s: float | None = None
+
+
+@router.post("")
+def register_run(body: RunBody, service: ServiceDep) -> JsonResponse:
+    request = RunRequest(
+        body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s
+    )
+    run, created = service.register_run(request)
+    return JsonResponse(run, status_code=201 if created else 200)
+
+
+@router.get("")
+def list_runs(service: ServiceDep) -> JsonResponse:
+    return JsonResponse(service.list_runs())
+
+
+@router.get("/{run}")
+def get_run(run: str, service: ServiceDep) -> JsonResponse:
+    return JsonResponse(service.get_run(run))

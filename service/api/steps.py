@@ -1,0 +1,40 @@
+"""``/v1/runs/{run}/steps`` and ``/series``: finalised and open steps, for people and plots."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from steptally.service.api.deps import ServiceDep
+from steptally.service.api.response import JsonResponse
+
+router = APIRouter(prefix="/v1/runs", tags=["steps"])
+
+StepBound = Annotated[int | None, Query(ge=0)]
+
+
+@router.get("/{run}/steps/{step}")
+def get_step(run: str, step: int, service: ServiceDep) -> JsonResponse:
+    return JsonResponse(service.get_step(run, step))
+
+
+@router.get("/{run}/steps")
+def list_steps(
+    run: str,
+    service: ServiceDep,
+    start: StepBound = None,
+    end: StepBound = None,
+    metric: Annotated[list[str] | None, Query()] = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> JsonResponse:
+    page = service.list_steps(run, start, end, metric or [], limit, cursor)
+    return JsonResponse(page)
+
+
+@router.get("/{run}/series/{metric}")
+def series(
+    run: str, metric: str, service: ServiceDep, start: StepBound = None, end: StepBound = None
+) -> JsonResponse:
+    return JsonResponse(service.series(run, metric, start, end))

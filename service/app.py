@@ -1,0 +1,75 @@
+"""The app factory: ``create_app(settings)`` builds everything, nothing at import time.
+
+The app keeps its objects on ``app.state``:
+
+* ``settings`` — the :class:`~steptally.service.settings.Settings` it was built with;
+* ``registry`` — a ``prometheus_client.CollectorRegistry`` of its own (never the global
+  one), where ``telemetry`` registers its metrics and a ``/metrics`` route can read;
+* ``telemetry`` — :class:`~steptally.service.telemetry.Telemetry`;
+* ``store`` — the :class:`~steptally.service.store.base.Store` (SQL today);
+* ``service`` — the :class:`~steptally.service.usecase.service.Service` the routers use.
+
+The lifespan checks that the database schema is at head, starts the sweeper of
+overdue steps, and on shutdown stops it and closes the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from starlette.concurrency import run_in_threadpool
+
+from steptally.service.api import errors, fragments, health, runs, steps
+from steptally.service.settings import Settings
+from steptally.service.store.schema import check_current
+from steptally.service.store.sql import SqlStore
+from steptally.service.telemetry import Telemetry
+from steptally.service.usecase.service import Service
+from steptally.service.usecase.sweeper import sweep_forever
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    sweep: bool = True,
+) -> FastAPI:
+    """Build the service. ``clock`` and ``sweep=False`` exist for tests."""
+    settings = settings or Settings()
+    store = SqlStore.from_url(settings.database_url)
+    registry = CollectorRegistry(auto_describe=True)
+    telemetry = Telemetry(registry)
+    service = Service(store, telemetry, settings.default_step_timeout_s, clock)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(check_current, store.engine, settings.database_url)
+        task = (
+            asyncio.create_task(sweep_forever(service, settings.sweep_interval_s))
+            if sweep
+            else None
+        )
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            store.close()
+
+    app = FastAPI(title="Steptally", version="1", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.registry = registry
+    app.state.telemetry = telemetry
+    app.state.store = store
+    app.state.service = service
+    errors.install(app)
+    for module in (runs, fragments, steps, health):
+        app.include_router(module.router)
+    return app

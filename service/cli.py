@@ -1,0 +1,82 @@
+"""The ``steptally`` command: ``migrate`` and ``serve`` (``demo`` is added beside them).
+
+    steptally migrate [--database-url URL]
+    steptally serve   [--database-url URL] [--host H] [--port P]
+
+Options fall back to the ``STEPTALLY_*`` environment variables of
+:class:`~steptally.service.settings.Settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from steptally.service.errors import NotMigrated
+from steptally.service.settings import Settings
+
+app = typer.Typer(
+    name="steptally",
+    help="Exact per-step diagnostics for RL training runs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+DatabaseUrl = Annotated[
+    str | None, typer.Option("--database-url", help="SQLAlchemy URL (default from settings).")
+]
+
+
+def settings_with(**overrides: Any) -> Settings:
+    """Settings from the environment, with the options given on the command line."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None) -> None:
+    """Create the database schema, or upgrade it to the newest version."""
+    from steptally.service.store.schema import upgrade
+
+    settings = settings_with(database_url=database_url)
+    upgrade(settings.database_url)
+    typer.echo(f"the database is at the newest schema version: {_safe(settings.database_url)}")
+
+
+@app.command()
+def serve(
+    database_url: DatabaseUrl = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+) -> None:
+    """Run the aggregation service (refuses an unmigrated database)."""
+    import uvicorn
+
+    from steptally.service.app import create_app
+    from steptally.service.store.engine import make_engine
+    from steptally.service.store.schema import check_current
+
+    settings = settings_with(database_url=database_url, host=host, port=port)
+    engine = make_engine(settings.database_url)
+    try:
+        check_current(engine, settings.database_url)
+    except NotMigrated as exc:
+        typer.echo(f"steptally: cannot serve: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

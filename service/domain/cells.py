@@ -1,0 +1,60 @@
+"""Fragment values packed as little-endian float64 over a run's metric columns.
+
+A fragment is stored as one blob (``values``) and, when it does not carry every
+column, a mask of one byte per column (``present``). The packing is canonical, so
+two deliveries of the same fragment compare bytewise: absent cells hold +0.0,
+trailing absent columns are trimmed (a column added to the run later changes
+nothing), and the mask is None when every column of the blob is present.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+from itertools import compress
+
+Cell = tuple[bytes, bytes | None]
+_LITTLE = sys.byteorder == "little"
+
+
+def to_bytes(values: array[float]) -> bytes:
+    if _LITTLE:
+        return values.tobytes()
+    swapped = array("d", values)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def from_bytes(raw: bytes) -> array[float]:
+    values = array("d", raw)
+    if not _LITTLE:
+        values.byteswap()
+    return values
+
+
+def pack(values: Sequence[float], mask: bytes | bytearray) -> Cell:
+    """Canonical blob and mask of one fragment given over all of the run's columns."""
+    last = len(mask) - 1
+    while last >= 0 and not mask[last]:
+        last -= 1
+    blob = to_bytes(array("d", (v if p else 0.0 for v, p in zip(values, mask, strict=True))))
+    blob = blob[: 8 * (last + 1)]
+    kept = bytes(mask[: last + 1])
+    return blob, (None if all(kept) else kept)
+
+
+def columns(cells: Sequence[Cell], width: int) -> list[list[float] | array[float]]:
+    """The values of each of ``width`` columns over all ``cells``, absent ones left out."""
+    full = 8 * width
+    if all(p is None and len(v) == full for v, p in cells):
+        flat = from_bytes(b"".join(v for v, _ in cells))
+        return [flat[j::width] for j in range(width)]
+    blobs, masks = [], []
+    for v, p in cells:
+        k = len(v) // 8
+        blobs.append(v + bytes(full - len(v)))
+        masks.append((b"\x01" * k if p is None else p) + bytes(width - k))
+    flat = from_bytes(b"".join(blobs))
+    mask = b"".join(masks)
+    return [list(compress(flat[j::width], mask[j::width])) for j in range(width)]

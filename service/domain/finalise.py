@@ -1,0 +1,92 @@
+"""Combine a step's fragments exactly and describe the result (pure).
+
+The same function finalises a step (its answer is stored) and shows an open step's
+metrics so far (its answer is thrown away), whatever store the fragments came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steptally.client.algebra import MetricResult, StepAccumulator
+from steptally.client.wire import encode_number
+from steptally.service.domain import cells
+from steptally.service.domain.progress import Progress, StepStatus
+from steptally.service.domain.run import RunRecord
+
+MetricJson = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a finalised step reports; stored as JSON beside the step."""
+
+    status: StepStatus
+    metrics: Mapping[str, MetricJson]
+    ranks_committed: list[int]
+    ranks_missing: list[int]
+    missing_fragments: dict[int, int]
+    received: int
+    expected: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "metrics": dict(self.metrics),
+            "ranks_committed": self.ranks_committed,
+            "ranks_missing": self.ranks_missing,
+            "missing_fragments": {str(r): n for r, n in self.missing_fragments.items()},
+            "received": self.received,
+            "expected": self.expected,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepResult:
+        return cls(
+            StepStatus(data["status"]),
+            data["metrics"],
+            list(data["ranks_committed"]),
+            list(data["ranks_missing"]),
+            {int(r): int(n) for r, n in data["missing_fragments"].items()},
+            int(data["received"]),
+            data["expected"],
+        )
+
+
+def metric_json(result: MetricResult) -> MetricJson:
+    """One metric for JSON, its value a number or a proto3 string for NaN and infinities."""
+    out = result.to_json()
+    if result.value is not None:
+        out["value"] = encode_number(result.value)
+    return out
+
+
+def combine(run: RunRecord, fragments: Sequence[cells.Cell]) -> dict[str, MetricResult]:
+    """Every metric and derived value of the run over ``fragments``, each rounded once."""
+    acc = StepAccumulator(run.spec)
+    for name, column in zip(run.columns, cells.columns(fragments, len(run.columns)), strict=True):
+        acc.add_column(name, column)
+    return acc.report()
+
+
+def evaluate(
+    run: RunRecord, progress: Progress, fragments: Sequence[cells.Cell], status: StepStatus
+) -> StepResult:
+    """The result of a step with ``status``, from all of its stored fragments."""
+    report = combine(run, fragments)
+    return StepResult(
+        status=status,
+        metrics={name: metric_json(r) for name, r in report.items()},
+        ranks_committed=progress.ranks_committed(),
+        ranks_missing=progress.ranks_missing(),
+        missing_fragments=progress.missing_fragments(),
+        received=progress.received_total(),
+        expected=progress.expected(),
+    )
+
+
+def final_status(progress: Progress) -> StepStatus:
+    """The status a step takes when it is finalised now."""
+    return StepStatus.COMPLETE if progress.is_complete() else StepStatus.PARTIAL

@@ -1,0 +1,37 @@
+"""A registered run as the service sees it: its spec and its metric columns."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from steptally.client.algebra import MetricSpec
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run: ``columns[i]`` is the metric stored in column ``i`` of a fragment's blob.
+
+    Columns are append-only: a metric added later gets the next column, and a blob
+    written before it simply ends earlier.
+    """
+
+    id: int
+    name: str
+    world_size: int
+    spec: MetricSpec
+    step_timeout_s: float
+    created_at: float
+    columns: tuple[str, ...] = field(default=())
+
+    @cached_property
+    def column_of(self) -> Mapping[str, int]:
+        return {name: i for i, name in enumerate(self.columns)}
+
+
+def is_run_name(name: str) -> bool:
+    return RUN_NAME.match(name) is not None

@@ -1,0 +1,121 @@
+"""Errors of the service, each with an HTTP status and a machine-readable code.
+
+    ServiceError                   500 internal
+    ├── BadRequest                 400
+    │   ├── BadJson                    bad_json
+    │   └── UnsupportedEncoding        unsupported_encoding
+    ├── NotFound                   404
+    │   ├── UnknownRun                 unknown_run
+    │   └── UnknownStep                unknown_step
+    ├── Conflict                   409
+    │   ├── SpecConflictError          spec_conflict
+    │   ├── FragmentConflict           fragment_conflict
+    │   ├── CommitConflict             commit_conflict
+    │   └── StepComplete               step_complete
+    ├── TooLarge                   413 too_large
+    ├── Invalid                    422
+    │   ├── InvalidPayload             invalid_payload
+    │   ├── InvalidSpec                invalid_spec
+    │   ├── UnknownMetric              unknown_metric
+    │   ├── InvalidValue               invalid_value
+    │   └── RankOutOfRange             rank_out_of_range
+    └── NotMigrated                503 not_migrated (the database schema is not at head)
+
+``message`` is a sentence a person can act on; ``where`` locates the offending item
+(``fragments[3].values.loss``) or is None. ``service/api/errors.py`` is the one place
+that turns them into responses.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        self.message = message
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class BadRequest(ServiceError):
+    status = 400
+    code = "bad_request"
+
+
+class BadJson(BadRequest):
+    code = "bad_json"
+
+
+class UnsupportedEncoding(BadRequest):
+    code = "unsupported_encoding"
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class UnknownRun(NotFound):
+    code = "unknown_run"
+
+
+class UnknownStep(NotFound):
+    code = "unknown_step"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class SpecConflictError(Conflict):
+    code = "spec_conflict"
+
+
+class FragmentConflict(Conflict):
+    code = "fragment_conflict"
+
+
+class CommitConflict(Conflict):
+    code = "commit_conflict"
+
+
+class StepComplete(Conflict):
+    code = "step_complete"
+
+
+class TooLarge(ServiceError):
+    status = 413
+    code = "too_large"
+
+
+class Invalid(ServiceError):
+    status = 422
+    code = "invalid"
+
+
+class InvalidPayload(Invalid):
+    code = "invalid_payload"
+
+
+class InvalidSpec(Invalid):
+    code = "invalid_spec"
+
+
+class UnknownMetric(Invalid):
+    code = "unknown_metric"
+
+
+class InvalidValue(Invalid):
+    code = "invalid_value"
+
+
+class RankOutOfRange(Invalid):
+    code = "rank_out_of_range"
+
+
+class NotMigrated(ServiceError):
+    status = 503
+    code = "not_migrated"

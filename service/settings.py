@@ -1,0 +1,51 @@
+"""The service's settings: one pydantic-settings class, read once at start.
+
+Every field can be set by an environment variable with the prefix ``STEPTALLY_``
+(``STEPTALLY_DATABASE_URL``, ``STEPTALLY_PORT`` …); tests build ``Settings(...)``
+directly. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///./var/steptally.sqlite3"
+
+
+class Settings(BaseSettings):
+    """Everything ``create_app`` and the CLI need to know."""
+
+    model_config = SettingsConfigDict(env_prefix="STEPTALLY_", extra="ignore")
+
+    database_url: str = DEFAULT_DATABASE_URL
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    default_step_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _sqlite_parent(cls, url: str) -> str:
+        """Create the folder of an SQLite database file, so a fresh checkout just works."""
+        path = sqlite_path(url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of an ``sqlite:///…`` URL, or None for other databases and memory."""
+    prefix = url.split("://", 1)[0]
+    if not prefix.startswith("sqlite") or "://" not in url:
+        return None
+    rest = url.split("://", 1)[1]
+    if not rest.startswith("/"):
+        return None
+    file = rest[1:].split("?", 1)[0]
+    if file in ("", ":memory:"):
+        return None
+    return Path(file)

@@ -1,0 +1,134 @@
+"""The storage interface the use cases talk to, and the plain records it returns.
+
+One implementation today (:mod:`.sql`, SQLite or PostgreSQL); a Redis-backed hot
+state for open steps can implement the same :class:`Store` later. Every method that
+writes is one atomic transaction: it either happens entirely or not at all, and a
+method returns only once its effect is durable.
+
+Finalisation happens inside the store's transactions (``ingest`` and ``sweep``),
+under the step's lock, so each revision of a step is finalised exactly once however
+many requests or instances race; the combining itself is the pure
+:func:`steptally.service.domain.finalise.evaluate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from steptally.client.algebra import MetricSpec
+from steptally.service.domain.batch import PreparedBatch
+from steptally.service.domain.cells import Cell
+from steptally.service.domain.finalise import StepResult
+from steptally.service.domain.progress import Progress, StepStatus
+from steptally.service.domain.run import RunRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RunDraft:
+    """What a registration wants a run to be; the store assigns id, columns and time."""
+
+    world_size: int
+    spec: MetricSpec
+    step_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run: RunRecord
+    last_finalised_step: int | None
+    open: int
+    complete: int
+    partial: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinalisedStep:
+    run: str
+    step: int
+    status: StepStatus
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    accepted: int
+    duplicates: int
+    commits: int
+    finalised: list[FinalisedStep] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A step as stored. ``result`` is None while open; an open step read with
+    ``live=True`` carries its ``progress`` and ``fragments`` to evaluate on the fly."""
+
+    step: int
+    status: StepStatus
+    revision: int
+    first_seen_at: float
+    finalised_at: float | None
+    result: StepResult | None
+    progress: Progress | None = None
+    fragments: Sequence[Cell] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """One run for a Prometheus collector: the latest finalised step and the backlog."""
+
+    run: str
+    world_size: int
+    last_step: int | None
+    last_status: StepStatus | None
+    last_revision: int
+    values: Mapping[str, float | None]
+    open_steps: int
+    partial_steps: int
+    missing_ranks: int  # summed over the partial steps
+
+
+Decide = Callable[[RunRecord | None], RunDraft]
+
+
+class Store(Protocol):
+    """Durable state of runs, fragments, commits and steps."""
+
+    def register_run(self, name: str, decide: Decide, now: float) -> tuple[RunRecord, bool]:
+        """Atomically read the run named ``name`` (None if new), let ``decide`` return
+        what it becomes (or raise), and save it (created at ``now`` if new). Returns the
+        run and whether it is new."""
+        ...
+
+    def get_run(self, name: str) -> RunRecord | None: ...
+
+    def list_runs(self) -> list[RunSummary]: ...
+
+    def run_summary(self, name: str) -> RunSummary | None: ...
+
+    def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
+        """Store a batch all-or-nothing and finalise the steps it completes (or adds to
+        after a partial finalisation); raises a 409 service error and changes nothing
+        on a conflict."""
+        ...
+
+    def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
+        """Finalise as partial the open steps whose deadline has passed."""
+        ...
+
+    def get_step(self, run: RunRecord, step: int, live: bool = True) -> StepRecord | None: ...
+
+    def list_steps(
+        self, run: RunRecord, start: int | None, end: int | None, limit: int, live: bool = True
+    ) -> list[StepRecord]:
+        """Steps from ``start`` to ``end`` (both inclusive, None for open ends), in order."""
+        ...
+
+    def exposition_snapshot(self) -> list[RunSnapshot]: ...
+
+    def ping(self) -> None:
+        """Raise if the store cannot answer."""
+        ...
+
+    def close(self) -> None: ...

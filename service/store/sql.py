@@ -1,0 +1,122 @@
+"""The SQL store: SQLite or PostgreSQL through SQLAlchemy Core.
+
+SQL is the single durable source of truth. Nothing is cached here across
+transactions, so a restart (even ``kill -9``) loses nothing acknowledged and any
+number of instances over one database answer alike.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+
+from steptally.service.domain.batch import PreparedBatch
+from steptally.service.domain.progress import StepStatus
+from steptally.service.domain.run import RunRecord
+from steptally.service.store import sql_ingest, sql_query
+from steptally.service.store.base import (
+    Decide,
+    FinalisedStep,
+    IngestOutcome,
+    RunSnapshot,
+    RunSummary,
+    StepRecord,
+)
+from steptally.service.store.engine import make_engine, transaction
+from steptally.service.store.sql_run import load_run, load_runs, save_run
+from steptally.service.store.sql_step import STEPS, finalise_row, lock_step, write_steps
+
+
+class SqlStore:
+    """:class:`~steptally.service.store.base.Store` over one SQLAlchemy engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str) -> SqlStore:
+        return cls(make_engine(url))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> None:
+        with transaction(self.engine, write=False) as conn:
+            conn.execute(select(1))
+
+    # -- runs -------------------------------------------------------------------------
+
+    def register_run(self, name: str, decide: Decide, now: float = 0.0) -> tuple[RunRecord, bool]:
+        for attempt in range(2):
+            try:
+                with transaction(self.engine, write=True) as conn:
+                    existing = load_run(conn, name=name, lock=True)
+                    draft = decide(existing)
+                    return save_run(conn, existing, name, draft, now), existing is None
+            except IntegrityError:  # a concurrent first registration won the race
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def get_run(self, name: str) -> RunRecord | None:
+        with transaction(self.engine, write=False) as conn:
+            return load_run(conn, name=name)
+
+    def list_runs(self) -> list[RunSummary]:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.summaries(conn, load_runs(conn))
+
+    def run_summary(self, name: str) -> RunSummary | None:
+        with transaction(self.engine, write=False) as conn:
+            run = load_run(conn, name=name)
+            return None if run is None else sql_query.summaries(conn, [run])[0]
+
+    # -- fragments and steps ----------------------------------------------------------
+
+    def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
+        with transaction(self.engine, write=True) as conn:
+
+            def reload() -> RunRecord:
+                return load_run(conn, run_id=run.id) or run
+
+            return sql_ingest.ingest(conn, run, batch, now, reload)
+
+    def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
+        with transaction(self.engine, write=False) as conn:
+            due = conn.execute(
+                select(STEPS.c.run_id, STEPS.c.step)
+                .where(STEPS.c.status == StepStatus.OPEN.value, STEPS.c.deadline <= now)
+                .order_by(STEPS.c.deadline)
+                .limit(limit)
+            ).all()
+        out = []
+        for run_id, step in due:
+            done = self._finalise_due(run_id, step, now)
+            if done is not None:
+                out.append(done)
+        return out
+
+    def _finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
+        with transaction(self.engine, write=True) as conn:
+            row = lock_step(conn, run_id, step)
+            if row is None or row.status is not StepStatus.OPEN or row.deadline > now:
+                return None  # another instance got there first
+            run = load_run(conn, run_id=run_id)
+            assert run is not None
+            done = finalise_row(conn, run, row, None, now)
+            write_steps(conn, run_id, [row])
+            return done
+
+    def get_step(self, run: RunRecord, step: int, live: bool = True) -> StepRecord | None:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.get_step(conn, run, step, live)
+
+    def list_steps(
+        self, run: RunRecord, start: int | None, end: int | None, limit: int, live: bool = True
+    ) -> list[StepRecord]:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.list_steps(conn, run, start, end, limit, live)
+
+    def exposition_snapshot(self) -> list[RunSnapshot]:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.snapshot(conn, load_runs(conn))

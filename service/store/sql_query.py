@@ -1,0 +1,114 @@
+"""Reads: steps, run summaries and the exposition snapshot (no N+1 queries)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Row, func, select, tuple_
+
+from steptally.service.domain.finalise import StepResult
+from steptally.service.domain.progress import StepStatus
+from steptally.service.domain.run import RunRecord
+from steptally.service.store.base import RunSnapshot, RunSummary, StepRecord
+from steptally.service.store.sql_step import STEPS, load_live
+
+_FINAL = (StepStatus.COMPLETE.value, StepStatus.PARTIAL.value)
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _record(conn: Connection, run: RunRecord, row: Row[Any], live: bool) -> StepRecord:
+    status = StepStatus(row.status)
+    result = None if row.result is None else StepResult.from_json(orjson.loads(row.result))
+    record = StepRecord(row.step, status, row.revision, row.first_seen_at, row.finalised_at, result)
+    if live and status is StepStatus.OPEN:
+        progress, cells = load_live(conn, run, row.step)
+        record = replace(record, progress=progress, fragments=cells)
+    return record
+
+
+def get_step(conn: Connection, run: RunRecord, step: int, live: bool) -> StepRecord | None:
+    row = conn.execute(select(STEPS).where(STEPS.c.run_id == run.id, STEPS.c.step == step)).first()
+    return None if row is None else _record(conn, run, row, live)
+
+
+def list_steps(
+    conn: Connection, run: RunRecord, start: int | None, end: int | None, limit: int, live: bool
+) -> list[StepRecord]:
+    stmt = select(STEPS).where(STEPS.c.run_id == run.id)
+    if start is not None:
+        stmt = stmt.where(STEPS.c.step >= start)
+    if end is not None:
+        stmt = stmt.where(STEPS.c.step <= end)
+    rows = conn.execute(stmt.order_by(STEPS.c.step).limit(limit)).all()
+    return [_record(conn, run, row, live) for row in rows]
+
+
+def _status_counts(conn: Connection) -> dict[int, dict[str, tuple[int, int, int | None]]]:
+    """Per run and status: number of steps, missing ranks summed, highest step."""
+    c = STEPS.c
+    rows = conn.execute(
+        select(
+            c.run_id, c.status, func.count(), func.sum(c.missing_ranks), func.max(c.step)
+        ).group_by(c.run_id, c.status)
+    )
+    out: dict[int, dict[str, tuple[int, int, int | None]]] = defaultdict(dict)
+    for run_id, status, n, missing, top in rows:
+        out[run_id][status] = (n, int(missing or 0), top)
+    return out
+
+
+def _last_final(counts: dict[str, tuple[int, int, int | None]]) -> int | None:
+    tops = [counts[s][2] for s in _FINAL if s in counts and counts[s][2] is not None]
+    return max(tops) if tops else None  # type: ignore[type-var]
+
+
+def summaries(conn: Connection, runs: list[RunRecord]) -> list[RunSummary]:
+    counts = _status_counts(conn)
+    out = []
+    for run in runs:
+        mine = counts.get(run.id, {})
+        n = {s.value: mine.get(s.value, (0, 0, None))[0] for s in StepStatus}
+        out.append(RunSummary(run, _last_final(mine), n["open"], n["complete"], n["partial"]))
+    return out
+
+
+def snapshot(conn: Connection, runs: list[RunRecord]) -> list[RunSnapshot]:
+    counts = _status_counts(conn)
+    last = {run.id: _last_final(counts.get(run.id, {})) for run in runs}
+    keys = sorted((i, s) for i, s in last.items() if s is not None)
+    rows = {}
+    if keys:
+        stmt = select(STEPS.c.run_id, STEPS.c.status, STEPS.c.revision, STEPS.c.result).where(
+            tuple_(STEPS.c.run_id, STEPS.c.step).in_(keys)
+        )
+        rows = {r.run_id: r for r in conn.execute(stmt)}
+    return [_snapshot(run, last[run.id], rows.get(run.id), counts.get(run.id, {})) for run in runs]
+
+
+def _snapshot(
+    run: RunRecord,
+    step: int | None,
+    row: Any,
+    counts: dict[str, tuple[int, int, int | None]],
+) -> RunSnapshot:
+    values: dict[str, float | None] = {}
+    if row is not None and row.result is not None:
+        for name, m in orjson.loads(row.result)["metrics"].items():
+            v = m["value"]
+            values[name] = _NON_FINITE[v] if isinstance(v, str) else v
+    partial = counts.get(StepStatus.PARTIAL.value, (0, 0, None))
+    return RunSnapshot(
+        run=run.name,
+        world_size=run.world_size,
+        last_step=step,
+        last_status=None if row is None else StepStatus(row.status),
+        last_revision=0 if row is None else row.revision,
+        values=values,
+        open_steps=counts.get(StepStatus.OPEN.value, (0, 0, None))[0],
+        partial_steps=partial[0],
+        missing_ranks=partial[1],
+    )

@@ -1,0 +1,170 @@
+"""Step rows in SQL: lock them, load what a finalisation needs, and finalise.
+
+A step row carries counters (ranks committed, fragments expected and received) so
+that completeness is known without reading fragments; only a finalisation, or a
+read of an open step, loads the fragments themselves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Table, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.expression import bindparam
+
+from steptally.service.domain import finalise
+from steptally.service.domain.cells import Cell
+from steptally.service.domain.progress import Progress, StepStatus
+from steptally.service.domain.run import RunRecord
+from steptally.service.store.base import FinalisedStep
+from steptally.service.store.models import Commit, Fragment, Step
+
+STEPS: Table = Step.__table__  # type: ignore[assignment]
+COMMITS: Table = Commit.__table__  # type: ignore[assignment]
+FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
+_COUNTERS = (
+    "status",
+    "revision",
+    "committed_ranks",
+    "expected",
+    "received",
+    "missing_ranks",
+    "finalised_at",
+    "result",
+)
+
+
+@dataclass(slots=True)
+class StepRow:
+    """A locked step row, changed in memory and written back once."""
+
+    step: int
+    status: StepStatus
+    revision: int
+    committed_ranks: int
+    expected: int
+    received: int
+    missing_ranks: int
+    first_seen_at: float
+    deadline: float
+    finalised_at: float | None
+    result: str | None
+    changed: bool = False
+
+    @classmethod
+    def of(cls, row: Any) -> StepRow:
+        return cls(
+            step=row.step,
+            status=StepStatus(row.status),
+            revision=row.revision,
+            committed_ranks=row.committed_ranks,
+            expected=row.expected,
+            received=row.received,
+            missing_ranks=row.missing_ranks,
+            first_seen_at=row.first_seen_at,
+            deadline=row.deadline,
+            finalised_at=row.finalised_at,
+            result=row.result,
+        )
+
+
+def dialect_insert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT."""
+    module = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return module.insert(table)
+
+
+def lock_steps(
+    conn: Connection, run: RunRecord, steps: Sequence[int], now: float
+) -> dict[int, StepRow]:
+    """Create the rows of new steps and lock them all, in step order (no deadlocks)."""
+    if not steps:
+        return {}
+    stmt = dialect_insert(conn, STEPS)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
+    ).returning(*STEPS.c)
+    params = [_new_step(run, s, now) for s in steps]
+    rows = conn.execute(stmt, params).all()
+    return {r.step: StepRow.of(r) for r in rows}
+
+
+def _new_step(run: RunRecord, step: int, now: float) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "step": step,
+        "status": StepStatus.OPEN.value,
+        "revision": 0,
+        "committed_ranks": 0,
+        "expected": 0,
+        "received": 0,
+        "missing_ranks": run.world_size,
+        "first_seen_at": now,
+        "deadline": now + run.step_timeout_s,
+        "finalised_at": None,
+        "result": None,
+    }
+
+
+def lock_step(conn: Connection, run_id: int, step: int) -> StepRow | None:
+    stmt = select(STEPS).where(STEPS.c.run_id == run_id, STEPS.c.step == step)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    row = conn.execute(stmt).first()
+    return None if row is None else StepRow.of(row)
+
+
+def write_steps(conn: Connection, run_id: int, rows: Sequence[StepRow]) -> None:
+    changed = [r for r in rows if r.changed]
+    if not changed:
+        return
+    stmt = (
+        update(STEPS)
+        .where(STEPS.c.run_id == bindparam("k_run"), STEPS.c.step == bindparam("k_step"))
+        .values({c: bindparam(f"v_{c}") for c in _COUNTERS})
+    )
+    params = [
+        {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in _COUNTERS}}
+        for r in changed
+    ]
+    for p in params:
+        p["v_status"] = p["v_status"].value
+    conn.execute(stmt, params)
+
+
+def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, list[Cell]]:
+    """Everything a step's evaluation needs: commits, arrivals per rank, fragments."""
+    commits = conn.execute(
+        select(COMMITS.c.rank, COMMITS.c.fragments).where(
+            COMMITS.c.run_id == run.id, COMMITS.c.step == step
+        )
+    ).all()
+    frags = conn.execute(
+        select(FRAGMENTS.c.rank, FRAGMENTS.c.values_f64, FRAGMENTS.c.present).where(
+            FRAGMENTS.c.run_id == run.id, FRAGMENTS.c.step == step
+        )
+    ).all()
+    received = Counter(f.rank for f in frags)
+    progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
+    return progress, [(f.values_f64, f.present) for f in frags]
+
+
+def finalise_row(
+    conn: Connection, run: RunRecord, row: StepRow, status: StepStatus | None, now: float
+) -> FinalisedStep:
+    """Finalise a locked step as ``status`` (None: complete if it is, else partial)."""
+    progress, cells = load_live(conn, run, row.step)
+    status = status or finalise.final_status(progress)
+    result = finalise.evaluate(run, progress, cells, status)
+    row.status = status
+    row.revision += 1
+    row.finalised_at = now
+    row.result = orjson.dumps(result.to_json()).decode()
+    row.missing_ranks = len(result.ranks_missing)
+    row.changed = True
+    return FinalisedStep(run.name, row.step, status, row.revision)

@@ -1,0 +1,1 @@
+"""Use cases: what the routers and the sweeper ask of the service."""

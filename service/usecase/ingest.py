@@ -1,0 +1,75 @@
+"""Ingest a batch of fragments and commits: decode, validate, store, count.
+
+The body arrives as bytes (already decompressed and size-checked by the HTTP
+layer); the answer is returned only after the store's transaction committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from steptally.client.wire import WireError, decode_batch
+from steptally.service.domain.batch import PreparedBatch, prepare
+from steptally.service.domain.run import RunRecord
+from steptally.service.errors import BadJson, InvalidPayload, UnknownMetric
+from steptally.service.store.base import IngestOutcome, Store
+from steptally.service.telemetry import Telemetry
+from steptally.service.usecase.run_registry import RunDirectory
+
+
+class Ingest:
+    """``POST /v1/runs/{run}/fragments`` without the HTTP."""
+
+    def __init__(
+        self, store: Store, runs: RunDirectory, telemetry: Telemetry, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._runs = runs
+        self._telemetry = telemetry
+        self._clock = clock
+
+    def __call__(self, run_name: str, body: bytes, arrived: float | None = None) -> dict[str, Any]:
+        """Store the batch in ``body``; ``arrived`` is the request's ``perf_counter``."""
+        arrived = time.perf_counter() if arrived is None else arrived
+        run = self._runs.get(run_name)
+        batch = _prepare(self._runs, run, parse(body))
+        outcome = self._store.ingest(run, batch, self._clock())
+        self._telemetry.batch_stored(run.name, outcome, time.perf_counter() - arrived)
+        return answer(outcome)
+
+
+def parse(body: bytes) -> tuple[Any, bool]:
+    """The decoded JSON and whether it is in the compact (columnar) form."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadJson(f"the body is not valid JSON: {exc}") from None
+    return data, isinstance(data, dict) and data.get("columnar") is not None
+
+
+def _prepare(runs: RunDirectory, run: RunRecord, parsed: tuple[Any, bool]) -> PreparedBatch:
+    data, columnar = parsed
+    try:
+        batch = decode_batch(data)
+    except WireError as exc:
+        raise InvalidPayload(exc.message, exc.where or None) from None
+    try:
+        return prepare(run, batch, columnar)
+    except UnknownMetric:  # perhaps registered since the run was cached
+        return prepare(runs.get(run.name, refresh=True), batch, columnar)
+
+
+def answer(outcome: IngestOutcome) -> dict[str, Any]:
+    return {
+        "accepted": outcome.accepted,
+        "duplicates": outcome.duplicates,
+        "commits": outcome.commits,
+        "finalised": [
+            {"step": f.step, "status": f.status.value, "revision": f.revision}
+            for f in outcome.finalised
+        ],
+    }

@@ -1,0 +1,105 @@
+"""Register a run, and find registered runs (with a cache of their specs).
+
+Registering the same spec again, or a superset that adds metrics or derived
+expressions, is accepted; changing the world size, a metric's kind or a derived
+expression's meaning is a :class:`SpecConflictError` naming every conflict.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
+from steptally.service.domain.run import RunRecord, is_run_name
+from steptally.service.errors import InvalidSpec, SpecConflictError, UnknownRun
+from steptally.service.store.base import RunDraft, Store
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    name: str
+    world_size: int
+    metrics: Mapping[str, Any]
+    derived: Mapping[str, str]
+    step_timeout_s: float | None = None
+
+
+def register(
+    store: Store, request: RunRequest, default_timeout_s: float, now: float
+) -> tuple[RunRecord, bool]:
+    """Create or extend a run; returns it and whether it was created."""
+    if not is_run_name(request.name):
+        raise InvalidSpec(
+            f"run name {request.name!r} is invalid: use letters, digits, '_', '.' and '-', "
+            "starting with a letter or digit, at most 128 characters",
+            "name",
+        )
+    if request.world_size < 1:
+        raise InvalidSpec("world_size must be at least 1", "world_size")
+    if request.step_timeout_s is not None and not request.step_timeout_s > 0:
+        raise InvalidSpec("step_timeout_s must be a positive number of seconds", "step_timeout_s")
+    try:
+        spec = MetricSpec.build(request.metrics, request.derived)
+    except SpecError as exc:
+        raise InvalidSpec(str(exc), "metrics") from None
+
+    def decide(existing: RunRecord | None) -> RunDraft:
+        if existing is None:
+            return RunDraft(request.world_size, spec, request.step_timeout_s or default_timeout_s)
+        return RunDraft(
+            request.world_size,
+            _merge(existing, request, spec),
+            request.step_timeout_s or existing.step_timeout_s,
+        )
+
+    return store.register_run(request.name, decide, now)
+
+
+def _merge(existing: RunRecord, request: RunRequest, spec: MetricSpec) -> MetricSpec:
+    conflicts = []
+    if existing.world_size != request.world_size:
+        conflicts.append(
+            f"world size is registered as {existing.world_size}, not {request.world_size}"
+        )
+    merged = existing.spec
+    try:
+        merged = existing.spec.merged_with(spec)
+    except SpecConflict as exc:
+        conflicts.extend(exc.conflicts)
+    except SpecError as exc:
+        raise InvalidSpec(str(exc), "metrics") from None
+    if conflicts:
+        raise SpecConflictError(
+            f"run {existing.name!r} already exists and this spec conflicts with it: "
+            f"{'; '.join(conflicts)}. Register under a new name to change them."
+        )
+    return merged
+
+
+class RunDirectory:
+    """Runs by name, cached in memory; the store stays the source of truth.
+
+    A run's world size never changes and its metric columns only grow, so a cached
+    run is refreshed when a batch names a metric it does not know yet.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._runs: dict[str, RunRecord] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str, refresh: bool = False) -> RunRecord:
+        run = None if refresh else self._runs.get(name)
+        if run is None:
+            run = self._store.get_run(name)
+            if run is None:
+                raise UnknownRun(f"no run is named {name!r}; register it with POST /v1/runs first")
+            self.put(run)
+        return run
+
+    def put(self, run: RunRecord) -> None:
+        with self._lock:
+            self._runs[run.name] = run

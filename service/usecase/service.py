@@ -1,0 +1,76 @@
+"""The service facade the routers and the sweeper use: one per app, on ``app.state.service``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from steptally.service.store.base import FinalisedStep, Store
+from steptally.service.telemetry import Telemetry
+from steptally.service.usecase import query
+from steptally.service.usecase.ingest import Ingest
+from steptally.service.usecase.run_registry import RunDirectory, RunRequest, register
+
+
+class Service:
+    """Use cases bound to one store, telemetry and clock."""
+
+    def __init__(
+        self,
+        store: Store,
+        telemetry: Telemetry,
+        default_step_timeout_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.telemetry = telemetry
+        self.clock = clock
+        self.default_step_timeout_s = default_step_timeout_s
+        self.runs = RunDirectory(store)
+        self.ingest = Ingest(store, self.runs, telemetry, clock)
+
+    def register_run(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
+        run, created = register(
+            store=self.store,
+            request=request,
+            default_timeout_s=self.default_step_timeout_s,
+            now=self.clock(),
+        )
+        self.runs.put(run)
+        summary = self.store.run_summary(run.name)
+        assert summary is not None
+        return query.run_json(summary), created
+
+    def get_run(self, name: str) -> dict[str, Any]:
+        return query.get_run(self.store, name)
+
+    def list_runs(self) -> dict[str, Any]:
+        return query.list_runs(self.store)
+
+    def get_step(self, run: str, step: int) -> dict[str, Any]:
+        return query.get_step(self.store, self.runs.get(run, refresh=True), step)
+
+    def list_steps(
+        self,
+        run: str,
+        start: int | None = None,
+        end: int | None = None,
+        metrics: Sequence[str] = (),
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        record = self.runs.get(run, refresh=True)
+        return query.list_steps(self.store, record, start, end, metrics, limit, cursor)
+
+    def series(
+        self, run: str, metric: str, start: int | None = None, end: int | None = None
+    ) -> dict[str, Any]:
+        return query.series(self.store, self.runs.get(run, refresh=True), metric, start, end)
+
+    def sweep(self, now: float | None = None) -> list[FinalisedStep]:
+        """Finalise as partial every open step past its deadline."""
+        started = time.perf_counter()
+        done = self.store.sweep(self.clock() if now is None else now)
+        self.telemetry.steps_done(done, time.perf_counter() - started)
+        return done
