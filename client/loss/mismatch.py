@@ -1,0 +1,44 @@
+"""Diagnostics of the mismatch between the previous (trainer) and generation policies.
+
+They read only the previous and the generation logprobs, so they reduce over the full
+mask narrowed by the previous-policy keep mask alone, never by the current one:
+
+- ``token_mult_prob_error``: exp(|gen - prev|);
+- ``gen_kl_error``: k(prev - gen), the KL estimate of KL(gen ‖ prev);
+- ``policy_kl_error``: k(gen - prev), of KL(prev ‖ gen);
+- ``js_divergence_error``: ½ k3(m - prev) + ½ k3(m - gen) with the mixture
+  m = log(½e^prev + ½e^gen), computed stably from max(prev, gen).
+
+k is the configured estimator, without clamps. All values are detached and 0 outside
+the mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from steptally.client.loss.kl import kl_estimate
+
+
+def _log_mixture(prev: Tensor, gen: Tensor) -> Tensor:
+    top = torch.maximum(prev, gen)
+    return top + torch.log(torch.exp(prev - top) + torch.exp(gen - top)) - math.log(2.0)
+
+
+def mismatch_terms(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
+    """Per-token values of the four mismatch diagnostics over ``mask``."""
+    prev = torch.where(mask, prev.detach(), 0.0)
+    gen = torch.where(mask, gen, 0.0)
+    diff = gen - prev
+    mixture = _log_mixture(prev, gen)
+    js = 0.5 * kl_estimate(mixture - prev, "k3") + 0.5 * kl_estimate(mixture - gen, "k3")
+    values = {
+        "token_mult_prob_error": torch.exp(diff.abs()),
+        "gen_kl_error": kl_estimate(-diff, kind),
+        "policy_kl_error": kl_estimate(diff, kind),
+        "js_divergence_error": js,
+    }
+    return {name: torch.where(mask, value, 0.0) for name, value in values.items()}
