@@ -1,0 +1,233 @@
+"""log() and commit() on the training thread: programming errors raise at once, delivery
+problems never do, host and tensor values arrive exactly, seqs are unique and contiguous."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steptally.client.reporter import FragmentError, Reporter, ReporterClosed, ReporterOptions
+from steptally.client.reporter.fake import FakeService
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+    import torch
+
+SPEC = {
+    "metrics": {"loss_num": "sum", "tokens": "count", "ratio_max": "max"},
+    "derived": {"loss": "loss_num / tokens"},
+}
+FAST = ReporterOptions(flush_interval_s=0.02, backoff_base_s=0.01, backoff_max_s=0.05)
+
+
+@pytest.fixture
+def service() -> FakeService:
+    return FakeService()
+
+
+@pytest.fixture
+def reporter(service: FakeService, tmp_path: Path) -> Iterator[Reporter]:
+    with Reporter(
+        "http://steptally.test",
+        run="r",
+        spec=SPEC,
+        rank=0,
+        world_size=1,
+        transport=service.transport(),
+        spool_dir=tmp_path / "spool",
+        options=FAST,
+    ) as r:
+        yield r
+
+
+@pytest.mark.parametrize(
+    ("fragments", "words"),
+    [
+        ({"nope": 1.0}, "'nope' is not a base metric of the run's spec"),
+        ({"loss": 1.0}, "'loss' is not a base metric"),  # derived: computed, never logged
+        ({"loss_num": "1.0"}, "must be a number or a one-element tensor, not str"),
+        ({"loss_num": None}, "not NoneType"),
+        ({"loss_num": True}, "not bool"),
+        ({"loss_num": [1.0]}, "not list"),
+        ({"tokens": -1}, "'tokens' is a count, so its value must be a non-negative integer"),
+        ({"tokens": 2.5}, "non-negative integer, not 2.5"),
+        ({"tokens": math.nan}, "non-negative integer"),
+        ({"tokens": math.inf}, "non-negative integer"),
+        ({"loss_num": 2**1100}, "too large for a float64"),
+        ({}, "non-empty mapping"),
+    ],
+)
+def test_programming_errors_raise_at_once(
+    reporter: Reporter, fragments: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(FragmentError, match=words):
+        reporter.log(0, fragments)
+    assert reporter.stats().queued == 0
+
+
+@pytest.mark.parametrize("step", [-1, 1.0, "3", True, None])
+def test_step_must_be_a_non_negative_integer(reporter: Reporter, step: Any) -> None:
+    with pytest.raises(FragmentError, match="step must be a non-negative integer"):
+        reporter.log(step, {"loss_num": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (torch.ones(2), r"exactly one element .* not shape \(2,\)"),
+        (torch.ones(1, 3), r"not shape \(1, 3\)"),
+        (torch.tensor(True), "torch.bool tensor is not a real number"),
+        (torch.tensor(1 + 2j), "complex64 tensor is not a real number"),
+    ],
+)
+def test_tensor_shape_and_dtype_errors_raise_at_once(
+    reporter: Reporter, value: Any, words: str
+) -> None:
+    with pytest.raises(FragmentError, match=words):
+        reporter.log(0, {"loss_num": value})
+
+
+def test_a_known_count_tensor_is_checked_at_once(reporter: Reporter) -> None:
+    with pytest.raises(FragmentError, match="'tokens' is a count"):
+        reporter.log(0, {"tokens": torch.tensor(2.5)})
+
+
+def test_host_values_and_cpu_tensors_arrive_exactly(
+    reporter: Reporter, service: FakeService
+) -> None:
+    x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True) * 3
+    reporter.log(0, {"loss_num": x, "tokens": torch.tensor(7), "ratio_max": torch.tensor(0.5)})
+    reporter.log(0, {"loss_num": 0.1, "tokens": 3, "ratio_max": torch.tensor([[1.25]])})
+    reporter.log(0, {"loss_num": math.nan, "ratio_max": -math.inf})  # non-finite is data
+    reporter.log(0, {"loss_num": torch.tensor(0.1, dtype=torch.float32)})
+    reporter.commit(0)
+    assert reporter.flush(5)
+    got = service.fragments
+    assert got[0, 0, 0] == {"loss_num": 0.1 * 3, "tokens": 7.0, "ratio_max": 0.5}
+    assert got[0, 0, 1] == {"loss_num": 0.1, "tokens": 3.0, "ratio_max": 1.25}
+    assert math.isnan(got[0, 0, 2]["loss_num"]) and got[0, 0, 2]["ratio_max"] == -math.inf
+    assert got[0, 0, 3] == {"loss_num": float(torch.tensor(0.1, dtype=torch.float32))}
+    assert service.commits == {(0, 0): 4}
+    assert reporter.stats().sent == 4
+
+
+def test_commit_counts_the_log_calls_of_its_step(reporter: Reporter, service: FakeService) -> None:
+    for step, calls in [(0, 3), (1, 0), (2, 1)]:
+        for _ in range(calls):
+            reporter.log(step, {"loss_num": 1.0})
+        reporter.commit(step)
+    assert reporter.flush(5)
+    assert service.commits == {(0, 0): 3, (1, 0): 0, (2, 0): 1}
+    assert sorted(service.fragments) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (2, 0, 0)]
+
+
+def test_log_or_commit_after_commit_is_an_error(reporter: Reporter) -> None:
+    reporter.log(4, {"loss_num": 1.0})
+    reporter.commit(4)
+    with pytest.raises(FragmentError, match="step 4 was already committed"):
+        reporter.log(4, {"loss_num": 1.0})
+    with pytest.raises(FragmentError, match="step 4 was already committed"):
+        reporter.commit(4)
+
+
+def test_log_after_close_is_an_error(reporter: Reporter) -> None:
+    reporter.close()
+    with pytest.raises(ReporterClosed):
+        reporter.log(0, {"loss_num": 1.0})
+
+
+def test_log_never_raises_when_delivery_fails(reporter: Reporter, service: FakeService) -> None:
+    service.down = True
+    for step in range(20):
+        for _ in range(4):
+            reporter.log(step, {"loss_num": 1.0, "tokens": 2})
+        reporter.commit(step)
+    assert not reporter.flush(0.3)
+    stats = reporter.stats()
+    assert stats.retried >= 1 and stats.sent == 0
+    assert "ConnectError" in (stats.last_error or "")
+    service.down = False
+    assert reporter.flush(5)
+    assert reporter.stats().sent == 80
+
+
+def test_log_from_many_threads_numbers_every_fragment_once(
+    reporter: Reporter, service: FakeService
+) -> None:
+    threads, per_thread, steps = 8, 100, 3
+    barrier = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            reporter.log(i % steps, {"loss_num": float(t * per_thread + i)})
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    for step in range(steps):
+        reporter.commit(step)
+    assert reporter.flush(10)
+    values = []
+    for step in range(steps):
+        seqs = sorted(q for s, _, q in service.fragments if s == step)
+        assert seqs == list(range(len(seqs)))  # unique and contiguous
+        assert service.commits[step, 0] == len(seqs)
+        values += [v["loss_num"] for (s, _, _), v in service.fragments.items() if s == step]
+    assert sorted(values) == [float(i) for i in range(threads * per_thread)]
+    assert service.duplicates == 0
+
+
+def test_importing_the_reporter_does_not_import_torch() -> None:
+    code = "import sys, steptally.client as c; c.Reporter; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_flushed_at_interpreter_exit(tmp_path: Path) -> None:
+    out = tmp_path / "received.txt"
+    code = f"""
+import httpx
+from steptally.client.reporter import Reporter
+def handler(request):
+    if request.url.path.endswith("/fragments"):
+        with open({str(out)!r}, "ab") as f:
+            f.write(request.read() + b"\\n")
+    return httpx.Response(200, json={{}})
+r = Reporter("http://x", run="r", spec={{"metrics": {{"a": "sum"}}}}, rank=0, world_size=1,
+             transport=httpx.MockTransport(handler), spool_dir={str(tmp_path / "s")!r})
+r.log(0, {{"a": 1.0}})
+r.commit(0)
+"""  # no close(), no flush(): the exit hook delivers
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert b'"commits":[{"step":0,"rank":0,"fragments":1}]' in out.read_bytes()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_arrive_without_a_sync_on_the_calling_thread(
+    reporter: Reporter, service: FakeService
+) -> None:
+    dev = torch.device("cuda")
+    loss = torch.tensor(0.1, device=dev, dtype=torch.float64) * 3
+    tokens = torch.tensor([11], device=dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        reporter.log(0, {"loss_num": loss, "tokens": tokens, "ratio_max": 2.0})
+        reporter.log(0, {"tokens": torch.tensor(2.5, device=dev)})  # checked off-thread
+        reporter.commit(0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert reporter.flush(10)
+    assert service.fragments[0, 0, 0] == {"loss_num": 0.1 * 3, "tokens": 11.0, "ratio_max": 2.0}
+    assert (0, 0, 1) not in service.fragments
+    assert reporter.stats().rejected == 1
+    assert "'tokens' is a count" in (reporter.stats().last_error or "")
