@@ -48,6 +48,7 @@ class FakeService:
         self.lock = threading.Lock()
         self.down = False
         self.received: list[Received] = []
+        self.attempts: list[tuple[float, str]] = []  # every request, failed ones included
         self.specs: dict[str, MetricSpec] = {}
         self.fragments: dict[tuple[int, int, int], dict[str, float]] = {}
         self.commits: dict[tuple[int, int], int] = {}
@@ -62,12 +63,16 @@ class FakeService:
         with self.lock:
             self._script.extend(answers)
 
+    def attempt_times(self, suffix: str = "/fragments") -> list[float]:
+        return [at for at, path in self.attempts if path.endswith(suffix)]
+
     def batches(self) -> list[FragmentBatch]:
         return [r.batch for r in self.received if r.batch is not None]
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
         with self.lock:
+            self.attempts.append((time.monotonic(), request.url.path))
             scripted = self._script.popleft() if self._script else None
             if self.down:
                 raise httpx.ConnectError("connection refused (fake service is down)")
