@@ -1,0 +1,121 @@
+"""Fragments of uneven microbatches over simulated ranks, combined by the algebra, equal the
+single-pass global computation over all tokens: counts bit for bit, numerators within the
+one rounding of each microbatch's float64 fragment of the exact sum of the same terms."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from steptally.client.algebra import StepAccumulator  # noqa: E402
+from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, fragments_to_host  # noqa: E402
+from steptally.client.loss.fragments import fragment_terms  # noqa: E402
+from steptally.client.loss.spec import fragment_kinds  # noqa: E402
+from steptally.client.loss.synthetic import synthetic_step, with_global_normalisers  # noqa: E402
+from steptally.client.loss.terms import compute_terms  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+CONFIGS = {
+    "default+nll": ClippedPGConfig(positive_example_nll_weight=0.1),
+    "gspo+tis": ClippedPGConfig(
+        sequence_level_importance_ratios=True, token_level_loss=False,
+        use_importance_sampling_correction=True, truncated_importance_sampling_type="tis",
+        truncated_importance_sampling_ratio=1.05),
+    "seq-mask-tis": ClippedPGConfig(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio=1.02, truncated_importance_sampling_ratio_min=0.98),
+    "force": ClippedPGConfig(force_on_policy_ratio=True),
+}
+
+
+def step_batches(seed):
+    ranks = synthetic_step(seed, (3, 1, 2), sequences=5, max_len=40)
+    empty = replace(ranks[1][0], sample_mask=torch.zeros_like(ranks[1][0].sample_mask))
+    ranks[1].append(empty)  # a microbatch with nothing valid: contributes only zeros
+    flat = with_global_normalisers([b for rank in ranks for b in rank])
+    it = iter(flat)
+    return [[next(it) for _ in rank] for rank in ranks]
+
+
+def exact_sums(config, batches):
+    """Exact (Fraction) sum of every summed fragment's per-token terms over all batches."""
+    total: dict[str, Fraction] = {}
+    for b in batches:
+        tokens, seqs = fragment_terms(config, b, compute_terms(config, b))
+        for name, value in {**tokens, **seqs}.items():
+            total[name] = total.get(name, Fraction(0)) + sum(map(Fraction, value.flatten().tolist()))
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ranks_combine_to_the_global_single_pass(name, seed):
+    config = CONFIGS[name]
+    loss = ClippedPGLoss(config)
+    ranks = step_batches(seed)
+    per_rank, errors_allowed, loss_sum = [], {}, 0.0
+    for rank in ranks:
+        acc = StepAccumulator(loss.metric_spec())
+        for b in rank:
+            value, frags = loss(b)
+            loss_sum += float(value.detach())
+            host = fragments_to_host(frags)
+            acc.add(host)
+            for k, v in host.items():
+                errors_allowed[k] = errors_allowed.get(k, 0.0) + math.ulp(v)
+        per_rank.append(acc)
+    random.Random(seed).shuffle(per_rank)
+    combined = StepAccumulator(loss.metric_spec())
+    for acc in per_rank:
+        combined.merge(acc)
+    report = combined.report()
+    flat = [b for rank in ranks for b in rank]
+    exact = exact_sums(config, flat)
+    kinds = fragment_kinds(config)
+    for metric, total in exact.items():
+        got = report[metric].value
+        if kinds[metric] == "count":
+            assert got == total, metric  # counts to the last bit
+        else:
+            bound = errors_allowed[metric] + math.ulp(float(total))
+            assert abs(Fraction(got) - total) <= Fraction(bound), metric
+    for mean in ("probs_ratio", "approx_entropy", "token_mult_prob_error"):
+        num = exact[f"{mean}_num"]
+        den = exact["actor_tokens" if mean != "token_mult_prob_error" else "mismatch_tokens"]
+        assert report[mean].value == pytest.approx(float(num / den), rel=1e-14)
+    assert report["valid_tokens"].value == flat[0].global_valid_tokens
+    assert report["valid_seqs"].value == flat[0].global_valid_seqs
+    assert report["loss"].value == pytest.approx(loss_sum, rel=1e-5)
+
+
+def test_extrema_are_the_global_extrema():
+    config = CONFIGS["default+nll"]
+    ranks = step_batches(3)
+    combined = StepAccumulator(ClippedPGLoss(config).metric_spec())
+    values = []
+    for b in (b for rank in ranks for b in rank):
+        combined.add(fragments_to_host(ClippedPGLoss(config)(b)[1]))
+        t = compute_terms(config, b)
+        values += t.ratios.ratio.detach()[t.masks.actor].double().tolist()
+    report = combined.report()
+    assert report["probs_ratio_min"].value == min(values)
+    assert report["probs_ratio_max"].value == max(values)
+
+
+def test_mean_of_microbatch_means_differs_from_the_exact_mean():
+    """The failure this design removes is real on this data."""
+    config = CONFIGS["default+nll"]
+    frags = [fragments_to_host(ClippedPGLoss(config)(b)[1])
+             for rank in step_batches(4) for b in rank]
+    means = [f["probs_ratio_num"] / f["actor_tokens"] for f in frags if f["actor_tokens"] > 0]
+    exact = math.fsum(f["probs_ratio_num"] for f in frags) / math.fsum(
+        f["actor_tokens"] for f in frags)
+    assert abs(sum(means) / len(means) - exact) > 1e-6
