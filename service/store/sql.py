@@ -24,7 +24,8 @@ from steptally.service.store.base import (
 )
 from steptally.service.store.engine import make_engine, transaction
 from steptally.service.store.sql_run import load_run, load_runs, save_run
-from steptally.service.store.sql_step import STEPS, finalise_row, lock_step, write_steps
+from steptally.service.store.sql_statement import STEPS
+from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
 
 
 class SqlStore:

@@ -13,22 +13,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
-from sqlalchemy import Connection, func, select, tuple_
+from sqlalchemy import Connection
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.progress import StepStatus, is_complete
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
 from steptally.service.store.base import FinalisedStep, IngestOutcome
-from steptally.service.store.sql_step import (
-    COMMITS,
-    FRAGMENTS,
-    StepRow,
-    dialect_insert,
-    finalise_row,
-    lock_steps,
-    write_steps,
-)
+from steptally.service.store.sql_statement import Statements, keys_params, statements
+from steptally.service.store.sql_step import StepRow, finalise_row, lock_steps, write_steps
 
 
 def ingest(
@@ -39,16 +32,18 @@ def ingest(
     reload: Callable[[], RunRecord],
 ) -> IngestOutcome:
     """Store ``batch``; ``reload`` reads the run's current spec when a step is finalised."""
+    sql = statements(conn.dialect.name)
     steps = lock_steps(conn, run, batch.steps(), now)
-    new_frags = _insert_fragments(conn, run, batch)
+    new_frags = _insert_fragments(conn, sql, run, batch)
     for key in new_frags:
         if steps[key[0]].status is StepStatus.COMPLETE:
             raise StepComplete(
                 f"step {key[0]} is complete; rank {key[1]} cannot add fragment {key[2]} to it",
                 batch.where(key),
             )
-    new_commits = _insert_commits(conn, run, batch)
-    _check_sequence(conn, run, batch, new_frags, new_commits, steps)
+    new_commits = _insert_commits(conn, sql, run, batch)
+    _check_fragments(conn, sql, run, batch, new_frags, set(new_commits), steps)
+    _check_commits(conn, sql, run, batch, new_commits, steps)
     _count(steps, new_frags, {k: batch.commits[k] for k in new_commits})
     finalised = _finalise(conn, run, reload, steps.values(), now)
     write_steps(conn, run.id, list(steps.values()))
@@ -60,36 +55,35 @@ def ingest(
     )
 
 
-def _insert_fragments(conn: Connection, run: RunRecord, batch: PreparedBatch) -> list[FragmentKey]:
+def _insert_fragments(
+    conn: Connection, sql: Statements, run: RunRecord, batch: PreparedBatch
+) -> list[FragmentKey]:
     if not batch.fragments:
         return []
     params = [
         {"run_id": run.id, "step": s, "rank": r, "seq": q, "values_f64": v, "present": p}
         for (s, r, q), (v, p) in batch.fragments.items()
     ]
-    c = FRAGMENTS.c
-    stmt = dialect_insert(conn, FRAGMENTS).on_conflict_do_nothing().returning(c.step, c.rank, c.seq)
-    inserted = [(s, r, q) for s, r, q in conn.execute(stmt, params)]
+    inserted = [(s, r, q) for s, r, q in conn.execute(sql.insert_fragments, params)]
     if len(inserted) < len(params):
-        _classify_fragments(conn, run, batch, set(batch.fragments) - set(inserted))
+        _classify_fragments(conn, sql, run, batch, set(batch.fragments) - set(inserted))
     return inserted
 
 
 def _classify_fragments(
-    conn: Connection, run: RunRecord, batch: PreparedBatch, collided: set[FragmentKey]
+    conn: Connection,
+    sql: Statements,
+    run: RunRecord,
+    batch: PreparedBatch,
+    collided: set[FragmentKey],
 ) -> None:
-    c = FRAGMENTS.c
-    stored = conn.execute(
-        select(c.step, c.rank, c.seq, c.values_f64, c.present).where(
-            c.run_id == run.id, tuple_(c.step, c.rank, c.seq).in_(sorted(collided))
-        )
-    )
-    for s, r, q, values, present in stored:
-        if batch.fragments[(s, r, q)] != (bytes(values), _bytes(present)):
+    for s, r, q, values, present in conn.execute(sql.fragments_of, keys_params(run.id, collided)):
+        key = (s, r, q)
+        if key in collided and batch.fragments[key] != (bytes(values), _bytes(present)):
             raise FragmentConflict(
                 f"fragment step {s} rank {r} seq {q} was already received with different "
                 "values; a fragment's values never change, so send a new seq or fix the sender",
-                batch.where((s, r, q)),
+                batch.where(key),
             )
 
 
@@ -97,25 +91,20 @@ def _bytes(b: bytes | None) -> bytes | None:
     return None if b is None else bytes(b)
 
 
-def _insert_commits(conn: Connection, run: RunRecord, batch: PreparedBatch) -> list[CommitKey]:
+def _insert_commits(
+    conn: Connection, sql: Statements, run: RunRecord, batch: PreparedBatch
+) -> list[CommitKey]:
     if not batch.commits:
         return []
     params = [
         {"run_id": run.id, "step": s, "rank": r, "fragments": n}
         for (s, r), n in batch.commits.items()
     ]
-    c = COMMITS.c
-    stmt = dialect_insert(conn, COMMITS).on_conflict_do_nothing().returning(c.step, c.rank)
-    inserted = [(s, r) for s, r in conn.execute(stmt, params)]
+    inserted = [(s, r) for s, r in conn.execute(sql.insert_commits, params)]
     if len(inserted) < len(params):
-        collided = sorted(set(batch.commits) - set(inserted))
-        stored = conn.execute(
-            select(c.step, c.rank, c.fragments).where(
-                c.run_id == run.id, tuple_(c.step, c.rank).in_(collided)
-            )
-        )
-        for s, r, n in stored:
-            if batch.commits[(s, r)] != n:
+        collided = set(batch.commits) - set(inserted)
+        for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, collided)):
+            if (s, r) in collided and batch.commits[(s, r)] != n:
                 raise CommitConflict(
                     f"rank {r} already committed step {s} with {n} fragments, not "
                     f"{batch.commits[(s, r)]}; a commit is final",
@@ -128,18 +117,24 @@ def _commit_where(batch: PreparedBatch, key: CommitKey) -> str:
     return f"commits[{list(batch.commits).index(key)}]"
 
 
-def _check_sequence(
+def _check_fragments(
     conn: Connection,
+    sql: Statements,
     run: RunRecord,
     batch: PreparedBatch,
     new_frags: list[FragmentKey],
-    new_commits: list[CommitKey],
+    new_commits: set[CommitKey],
     steps: dict[int, StepRow],
 ) -> None:
-    """Every fragment of a committed rank must have ``seq`` below the declared count."""
-    pairs = sorted({(s, r) for s, r, _ in new_frags if steps[s].committed_ranks})
-    declared = dict(_stored_commits(conn, run, pairs)) if pairs else {}
-    declared.update({k: batch.commits[k] for k in new_commits})
+    """A new fragment of a committed rank must have ``seq`` below the declared count."""
+    declared = {k: batch.commits[k] for k in new_commits}
+    # a pair committed in this batch had no commit before; others may, if the step has any
+    earlier = {
+        (s, r) for s, r, _ in new_frags if (s, r) not in new_commits and steps[s].committed_ranks
+    }
+    if earlier:
+        for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, earlier)):
+            declared[(s, r)] = n
     for s, r, q in new_frags:
         n = declared.get((s, r))
         if n is not None and q >= n:
@@ -148,32 +143,29 @@ def _check_sequence(
                 "seq counts from 0 to fragments-1",
                 batch.where((s, r, q)),
             )
-    if new_commits:
-        c = FRAGMENTS.c
-        highest = conn.execute(
-            select(c.step, c.rank, func.max(c.seq))
-            .where(c.run_id == run.id, tuple_(c.step, c.rank).in_(sorted(new_commits)))
-            .group_by(c.step, c.rank)
-        )
-        for s, r, top in highest:
-            if top >= batch.commits[(s, r)]:
-                raise CommitConflict(
-                    f"rank {r} commits step {s} with {batch.commits[(s, r)]} fragments, but "
-                    f"fragment seq {top} already arrived; count every fragment sent",
-                    _commit_where(batch, (s, r)),
-                )
 
 
-def _stored_commits(
-    conn: Connection, run: RunRecord, pairs: list[CommitKey]
-) -> Iterable[tuple[CommitKey, int]]:
-    c = COMMITS.c
-    rows = conn.execute(
-        select(c.step, c.rank, c.fragments).where(
-            c.run_id == run.id, tuple_(c.step, c.rank).in_(pairs)
-        )
-    )
-    return (((s, r), n) for s, r, n in rows)
+def _check_commits(
+    conn: Connection,
+    sql: Statements,
+    run: RunRecord,
+    batch: PreparedBatch,
+    new_commits: list[CommitKey],
+    steps: dict[int, StepRow],
+) -> None:
+    """A new commit must count every fragment its rank sent (fragments of this batch
+    are already inserted, so one query sees them all)."""
+    if not new_commits:
+        return
+    wanted = set(new_commits)
+    for s, r, top in conn.execute(sql.max_seq_of, keys_params(run.id, wanted)):
+        n = batch.commits.get((s, r))
+        if (s, r) in wanted and n is not None and top >= n:
+            raise CommitConflict(
+                f"rank {r} commits step {s} with {n} fragments, but fragment seq {top} "
+                "arrived; count every fragment sent",
+                _commit_where(batch, (s, r)),
+            )
 
 
 def _count(

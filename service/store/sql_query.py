@@ -14,7 +14,8 @@ from steptally.service.domain.finalise import StepResult
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.base import RunSnapshot, RunSummary, StepRecord
-from steptally.service.store.sql_step import STEPS, load_live
+from steptally.service.store.sql_statement import STEPS
+from steptally.service.store.sql_step import load_live
 
 _FINAL = (StepStatus.COMPLETE.value, StepStatus.PARTIAL.value)
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

@@ -13,29 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Table, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql.expression import bindparam
+from sqlalchemy import Connection, select
 
 from steptally.service.domain import finalise
 from steptally.service.domain.cells import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.base import FinalisedStep
-from steptally.service.store.models import Commit, Fragment, Step
-
-STEPS: Table = Step.__table__  # type: ignore[assignment]
-COMMITS: Table = Commit.__table__  # type: ignore[assignment]
-FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
-_COUNTERS = (
-    "status",
-    "revision",
-    "committed_ranks",
-    "expected",
-    "received",
-    "missing_ranks",
-    "finalised_at",
-    "result",
+from steptally.service.store.sql_statement import (
+    COMMITS,
+    FRAGMENTS,
+    STEP_FIELDS,
+    STEPS,
+    statements,
 )
 
 
@@ -73,24 +63,14 @@ class StepRow:
         )
 
 
-def dialect_insert(conn: Connection, table: Table) -> Any:
-    """The dialect's INSERT, which knows ON CONFLICT."""
-    module = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return module.insert(table)
-
-
 def lock_steps(
     conn: Connection, run: RunRecord, steps: Sequence[int], now: float
 ) -> dict[int, StepRow]:
     """Create the rows of new steps and lock them all, in step order (no deadlocks)."""
     if not steps:
         return {}
-    stmt = dialect_insert(conn, STEPS)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
-    ).returning(*STEPS.c)
-    params = [_new_step(run, s, now) for s in steps]
-    rows = conn.execute(stmt, params).all()
+    stmt = statements(conn.dialect.name).upsert_steps
+    rows = conn.execute(stmt, [_new_step(run, s, now) for s in steps]).all()
     return {r.step: StepRow.of(r) for r in rows}
 
 
@@ -120,21 +100,15 @@ def lock_step(conn: Connection, run_id: int, step: int) -> StepRow | None:
 
 
 def write_steps(conn: Connection, run_id: int, rows: Sequence[StepRow]) -> None:
-    changed = [r for r in rows if r.changed]
-    if not changed:
-        return
-    stmt = (
-        update(STEPS)
-        .where(STEPS.c.run_id == bindparam("k_run"), STEPS.c.step == bindparam("k_step"))
-        .values({c: bindparam(f"v_{c}") for c in _COUNTERS})
-    )
     params = [
-        {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in _COUNTERS}}
-        for r in changed
+        {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in STEP_FIELDS}}
+        for r in rows
+        if r.changed
     ]
     for p in params:
         p["v_status"] = p["v_status"].value
-    conn.execute(stmt, params)
+    if params:
+        conn.execute(statements(conn.dialect.name).update_steps, params)
 
 
 def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, list[Cell]]:
