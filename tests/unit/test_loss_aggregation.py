@@ -25,13 +25,18 @@ pytestmark = pytest.mark.torch
 CONFIGS = {
     "default+nll": ClippedPGConfig(positive_example_nll_weight=0.1),
     "gspo+tis": ClippedPGConfig(
-        sequence_level_importance_ratios=True, token_level_loss=False,
-        use_importance_sampling_correction=True, truncated_importance_sampling_type="tis",
-        truncated_importance_sampling_ratio=1.05),
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="tis",
+        truncated_importance_sampling_ratio=1.05,
+    ),
     "seq-mask-tis": ClippedPGConfig(
         use_importance_sampling_correction=True,
         truncated_importance_sampling_type="seq-mask-tis",
-        truncated_importance_sampling_ratio=1.02, truncated_importance_sampling_ratio_min=0.98),
+        truncated_importance_sampling_ratio=1.02,
+        truncated_importance_sampling_ratio_min=0.98,
+    ),
     "force": ClippedPGConfig(force_on_policy_ratio=True),
 }
 
@@ -51,7 +56,8 @@ def exact_sums(config, batches):
     for b in batches:
         tokens, seqs = fragment_terms(config, b, compute_terms(config, b))
         for name, value in {**tokens, **seqs}.items():
-            total[name] = total.get(name, Fraction(0)) + sum(map(Fraction, value.flatten().tolist()))
+            terms = sum(map(Fraction, value.flatten().tolist()))
+            total[name] = total.get(name, Fraction(0)) + terms
     return total
 
 
@@ -113,9 +119,11 @@ def test_extrema_are_the_global_extrema():
 def test_mean_of_microbatch_means_differs_from_the_exact_mean():
     """The failure this design removes is real on this data."""
     config = CONFIGS["default+nll"]
-    frags = [fragments_to_host(ClippedPGLoss(config)(b)[1])
-             for rank in step_batches(4) for b in rank]
+    frags = [
+        fragments_to_host(ClippedPGLoss(config)(b)[1]) for rank in step_batches(4) for b in rank
+    ]
     means = [f["probs_ratio_num"] / f["actor_tokens"] for f in frags if f["actor_tokens"] > 0]
     exact = math.fsum(f["probs_ratio_num"] for f in frags) / math.fsum(
-        f["actor_tokens"] for f in frags)
+        f["actor_tokens"] for f in frags
+    )
     assert abs(sum(means) / len(means) - exact) > 1e-6

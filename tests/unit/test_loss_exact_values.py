@@ -132,14 +132,13 @@ def test_gspo_sampling_ratio_is_right_for_many_sequences():
     gen = [[-1.1, -1.0], [-2.0, -2.2], [-1.0, -3.0]]
     sample = [1.0, 0.5, 1.0]
     config = ClippedPGConfig(
-        reference_policy_kl_penalty=0.0, sequence_level_importance_ratios=True,
+        reference_policy_kl_penalty=0.0,
+        sequence_level_importance_ratios=True,
         token_level_loss=False,
     )
     f = run(config, tiny(prev, prev, gen, sample=sample))
     w = [math.exp(0.1), math.exp(0.5 * 0.2), 1.0]
-    assert f["sampling_importance_ratio_num"] == pytest.approx(
-        w[0] + 0.5 * w[1] + w[2], rel=1e-6
-    )
+    assert f["sampling_importance_ratio_num"] == pytest.approx(w[0] + 0.5 * w[1] + w[2], rel=1e-6)
     assert f["valid_seqs"] == 2.5
 
 

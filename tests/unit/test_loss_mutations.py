@@ -34,10 +34,14 @@ def batch(curr, prev, gen, ref=None, unf=None, n_tok=None):
     t = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
     shape = (len(curr), len(curr[0]))
     return LossInputs(
-        curr_logprobs=t(curr), prev_logprobs=t(prev), generation_logprobs=t(gen),
-        advantages=torch.ones(shape), token_mask=torch.ones(shape, dtype=torch.bool),
+        curr_logprobs=t(curr),
+        prev_logprobs=t(prev),
+        generation_logprobs=t(gen),
+        advantages=torch.ones(shape),
+        token_mask=torch.ones(shape, dtype=torch.bool),
         sample_mask=torch.ones(shape[0]),
-        global_valid_tokens=float(n_tok or shape[0] * shape[1]), global_valid_seqs=1.0,
+        global_valid_tokens=float(n_tok or shape[0] * shape[1]),
+        global_valid_seqs=1.0,
         reference_logprobs=None if ref is None else t(ref),
         curr_logprobs_unfiltered=None if unf is None else t(unf),
     )
@@ -88,15 +92,21 @@ def _uneven_microbatches(make: LossFactory) -> list[str]:
     ratios = [float(torch.tensor(0.5).exp())] * 6 + [float(torch.tensor(-0.5).exp())]
     value = acc.report()["probs_ratio"].value
     expected = math.fsum(ratios) / 7
-    return [] if value == pytest.approx(expected, rel=1e-12) else [
-        f"probs_ratio over uneven microbatches is {value}, not {expected}"
-    ]
+    return (
+        []
+        if value == pytest.approx(expected, rel=1e-12)
+        else [f"probs_ratio over uneven microbatches is {value}, not {expected}"]
+    )
 
 
 def semantic_failures(make: LossFactory) -> list[str]:
     """Every violated semantic rule, by scenario; empty when the loss is right."""
-    return [*_curr_filtered(make), *_prev_filtered(make), *_force_on_policy(make),
-            *_uneven_microbatches(make)]
+    return [
+        *_curr_filtered(make),
+        *_prev_filtered(make),
+        *_force_on_policy(make),
+        *_uneven_microbatches(make),
+    ]
 
 
 def _keep_ignored(monkeypatch) -> LossFactory:
@@ -137,7 +147,7 @@ def _means_per_microbatch(monkeypatch) -> LossFactory:
         def call(b):
             value, frags = loss(b)
             out = dict(frags)
-            for name, expr in spec.derived.items():
+            for expr in spec.derived.values():
                 num, _, den = expr.partition(" / ")
                 if num.endswith("_num") and den in frags:
                     out[num] = frags[num] / frags[den]
@@ -153,7 +163,9 @@ def _means_per_microbatch(monkeypatch) -> LossFactory:
 MUTATIONS = {
     "keep mask ignored": (_keep_ignored, "curr -inf reaches the actor reductions"),
     "keep mask folded into token_mask": (
-        _keep_folded_into_token_mask, "the reference KL is narrowed by the keep mask"),
+        _keep_folded_into_token_mask,
+        "the reference KL is narrowed by the keep mask",
+    ),
     "previous keep mask ignored": (_prev_keep_ignored, "prev -inf makes an exp(curr) ratio"),
     "per-microbatch means averaged": (_means_per_microbatch, "probs_ratio over uneven"),
 }
@@ -181,5 +193,9 @@ def test_keep_ignored_reproduces_the_old_50_14(monkeypatch):
 
 def test_unmutated_loss_is_unchanged_after_mutation_tests():
     b = replace(batch([[-1.0]], [[-1.0]], [[-1.0]]), global_valid_tokens=1.0)
-    assert fragments_to_host(ClippedPGLoss(ClippedPGConfig(reference_policy_kl_penalty=0.0))(
-        b)[1])["probs_ratio_num"] == 1.0
+    assert (
+        fragments_to_host(ClippedPGLoss(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1])[
+            "probs_ratio_num"
+        ]
+        == 1.0
+    )

@@ -23,35 +23,49 @@ pytestmark = pytest.mark.torch
 
 CONFIGS = [
     ClippedPGConfig(positive_example_nll_weight=0.1),
-    ClippedPGConfig(sequence_level_importance_ratios=True, token_level_loss=False,
-                    use_importance_sampling_correction=True,
-                    truncated_importance_sampling_type="icepop",
-                    truncated_importance_sampling_ratio=1.05,
-                    truncated_importance_sampling_ratio_min=0.95),
-    ClippedPGConfig(token_level_loss=False, use_importance_sampling_correction=True,
-                    truncated_importance_sampling_type="seq-mask-tis",
-                    truncated_importance_sampling_ratio=1.02,
-                    truncated_importance_sampling_ratio_min=0.98),
+    ClippedPGConfig(
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="icepop",
+        truncated_importance_sampling_ratio=1.05,
+        truncated_importance_sampling_ratio_min=0.95,
+    ),
+    ClippedPGConfig(
+        token_level_loss=False,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio=1.02,
+        truncated_importance_sampling_ratio_min=0.98,
+    ),
     ClippedPGConfig(force_on_policy_ratio=True, use_on_policy_kl_approximation=True),
 ]
 
 
 def widened(batch: LossInputs, extra: int) -> LossInputs:
     """The same tokens with ``extra`` more padding columns (garbage logprobs in them)."""
+
     def pad(name, value):
         fill = float("nan") if value.dtype.is_floating_point else 0
         tail = torch.full((value.shape[0], extra), fill, dtype=value.dtype)
         return torch.cat([value.detach(), tail], 1).requires_grad_(value.requires_grad)
-    return replace(batch, **{n: pad(n, v) for n in TOKEN_FIELDS
-                             if (v := getattr(batch, n)) is not None})
+
+    return replace(
+        batch, **{n: pad(n, v) for n in TOKEN_FIELDS if (v := getattr(batch, n)) is not None}
+    )
 
 
 def leaves(packed):
     """The packed form with its current logprobs as fresh leaves (``pack`` concatenates)."""
     t = packed.tokens
-    return replace(packed, tokens=replace(
-        t, curr_logprobs=t.curr_logprobs.detach().requires_grad_(True),
-        curr_logprobs_unfiltered=t.curr_logprobs_unfiltered.detach().requires_grad_(True)))
+    return replace(
+        packed,
+        tokens=replace(
+            t,
+            curr_logprobs=t.curr_logprobs.detach().requires_grad_(True),
+            curr_logprobs_unfiltered=t.curr_logprobs_unfiltered.detach().requires_grad_(True),
+        ),
+    )
 
 
 def fragments(config, inputs):
@@ -78,8 +92,11 @@ def test_packed_equals_regular_bitwise(config, seed, extra):
     loss_r.backward()
     loss_p.backward()
     grad_r = regular.curr_logprobs.grad
-    grad_p = unpack(replace(packed, tokens=replace(
-        packed.tokens, curr_logprobs=packed.tokens.curr_logprobs.grad))).curr_logprobs
+    grad_p = unpack(
+        replace(
+            packed, tokens=replace(packed.tokens, curr_logprobs=packed.tokens.curr_logprobs.grad)
+        )
+    ).curr_logprobs
     width = grad_p.shape[1]
     assert torch.equal(grad_r[:, :width], grad_p)
     assert not grad_r[:, width:].any()
@@ -103,8 +120,11 @@ def test_pack_unpack_round_trip():
 def test_packed_with_trailing_padding():
     regular = synthetic_microbatch(7, sequences=3, max_len=16)
     packed = pack(regular)
-    pad = {n: torch.cat([v.detach(), torch.zeros(5, dtype=v.dtype)]).requires_grad_(
-        v.requires_grad) for n in TOKEN_FIELDS if (v := getattr(packed.tokens, n)) is not None}
+    pad = {
+        n: torch.cat([v.detach(), torch.zeros(5, dtype=v.dtype)]).requires_grad_(v.requires_grad)
+        for n in TOKEN_FIELDS
+        if (v := getattr(packed.tokens, n)) is not None
+    }
     padded = replace(packed, tokens=replace(packed.tokens, **pad))
     a = fragments(CONFIGS[0], packed)[1]
     b = fragments(CONFIGS[0], padded)[1]
