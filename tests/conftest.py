@@ -1,0 +1,27 @@
+"""Shared test setup: the ASGI test client and where the real peers are.
+
+PostgreSQL is expected on 127.0.0.1:5432 with trust auth (``scripts/ensure-services.sh``
+starts it); ``STEPTALLY_TEST_PG_ADMIN`` overrides the admin URL. Integration tests
+create a database of their own from it and drop it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+# starlette warns once, when first imported, that it prefers the httpx2 package; httpx
+# works, so import it here quietly and every later import finds it loaded
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*httpx2.*")
+    import fastapi.testclient  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    """A URL of an existing PostgreSQL database from which test databases are created."""
+    return os.environ.get(
+        "STEPTALLY_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    )

@@ -1,0 +1,170 @@
+"""Fixtures of the service's integration tests: real SQLite and PostgreSQL databases.
+
+Each database is created and migrated once per session (PostgreSQL: a fresh
+``steptally_test_<pid>`` database, dropped at the end) and emptied before each test.
+``db_url`` is parametrised over both, so every test using it runs on both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from steptally.service.app import create_app
+from steptally.service.settings import Settings
+from steptally.service.store.schema import upgrade
+
+TABLES = ("fragments", "commits", "steps", "metrics", "runs")
+
+
+class Clock:
+    """A settable clock for apps under test."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = Path(tmp_path_factory.mktemp("sqlite")) / "steptally.sqlite3"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pg_admin_url: str) -> Iterator[str]:
+    name = f"steptally_test_{os.getpid()}"
+    admin = sa.create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    except sa.exc.OperationalError as exc:
+        admin.dispose()
+        pytest.fail(f"PostgreSQL is not reachable at {pg_admin_url}: {exc}")
+    url = pg_admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def _empty(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+            else:
+                for table in TABLES:
+                    conn.exec_driver_sql(f"DELETE FROM {table}")
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """An empty, migrated database: SQLite, then PostgreSQL."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    _empty(url)
+    return url
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+AppFactory = Callable[..., tuple[FastAPI, TestClient]]
+
+
+@pytest.fixture
+def make_client(db_url: str, clock: Clock) -> Iterator[AppFactory]:
+    """Build apps over ``db_url`` (several, like replicas); all are closed at the end."""
+    with ExitStack() as stack:
+
+        def make(**settings: Any) -> tuple[FastAPI, TestClient]:
+            sweep = settings.pop("sweep", False)
+            app = create_app(
+                Settings(database_url=db_url, **settings), clock=clock, sweep=sweep
+            )
+            return app, stack.enter_context(TestClient(app))
+
+        yield make
+
+
+@pytest.fixture
+def client(make_client: AppFactory) -> TestClient:
+    return make_client()[1]
+
+
+@pytest.fixture
+def app_and_client(make_client: AppFactory) -> tuple[FastAPI, TestClient]:
+    return make_client()
+
+
+class Api:
+    """Terse calls of the REST API for tests."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+
+    def register(
+        self,
+        name: str = "r",
+        world_size: int = 2,
+        metrics: dict[str, str] | None = None,
+        derived: dict[str, str] | None = None,
+        step_timeout_s: float = 60.0,
+    ) -> Any:
+        body = {
+            "name": name,
+            "world_size": world_size,
+            "metrics": metrics if metrics is not None else {"a": "sum", "n": "count"},
+            "derived": derived or {},
+            "step_timeout_s": step_timeout_s,
+        }
+        return self.client.post("/v1/runs", json=body)
+
+    def send(
+        self,
+        fragments: list[tuple[int, int, int, dict[str, Any]]] = (),  # type: ignore[assignment]
+        commits: list[tuple[int, int, int]] = (),  # type: ignore[assignment]
+        run: str = "r",
+    ) -> Any:
+        body = {
+            "fragments": [
+                {"step": s, "rank": r, "seq": q, "values": v} for s, r, q, v in fragments
+            ],
+            "commits": [{"step": s, "rank": r, "fragments": n} for s, r, n in commits],
+        }
+        return self.client.post(f"/v1/runs/{run}/fragments", json=body)
+
+    def step(self, step: int, run: str = "r") -> dict[str, Any]:
+        response = self.client.get(f"/v1/runs/{run}/steps/{step}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def value(self, step: int, metric: str, run: str = "r") -> Any:
+        return self.step(step, run)["metrics"][metric]["value"]
+
+
+@pytest.fixture
+def api(client: TestClient) -> Api:
+    return Api(client)
