@@ -60,9 +60,14 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._parcels)
 
-    def put(self, parcel: Parcel) -> Placed:
+    def put(self, parcel: Parcel, force: bool = False) -> Placed:
+        """Queue ``parcel`` in memory or the spool; ``force`` keeps it in memory over
+        the bound rather than drop it (for the few bytes of a batch of commits)."""
         with self._ready:
             placed = self._place(parcel)
+            if placed is Placed.DROPPED and force:
+                self._memory_bytes += parcel.size
+                placed = Placed.MEMORY
             if placed is not Placed.DROPPED:
                 self._parcels.append(parcel)
                 self._fragments += parcel.fragments

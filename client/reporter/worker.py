@@ -21,11 +21,11 @@ from steptally.client.reporter.capture import Entry
 from steptally.client.reporter.intake import Intake
 from steptally.client.reporter.options import ReporterOptions
 from steptally.client.reporter.outbox import Outbox, Placed
-from steptally.client.reporter.parcel import Parcel
+from steptally.client.reporter.parcel import Parcel, encode
 from steptally.client.reporter.retry import Backoff
 from steptally.client.reporter.sender import Answer, Outcome, Sender
 from steptally.client.reporter.stats import Counters
-from steptally.client.wire import Commit
+from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
 
@@ -173,6 +173,7 @@ class Worker:
             self._ship()
 
     def _ship(self) -> None:
+        commits = self.batcher.commits
         parcel = self.batcher.cut()
         if parcel is None:
             return
@@ -182,11 +183,14 @@ class Worker:
         elif placed is Placed.DROPPED:
             self.counters.add(dropped=parcel.fragments)
             message = (
-                f"memory and spool are full: dropped {parcel.fragments} fragments and "
-                f"{parcel.commits} commits; raise max_spool_bytes"
+                f"memory and spool are full: dropped {parcel.fragments} fragments; their "
+                "steps will show as incomplete; raise max_spool_bytes or max_queue_bytes"
             )
             self.counters.error(message)
             log.error("steptally: %s", message)
+            if commits:  # a few bytes, and they make the loss visible on the service
+                batch = FragmentBatch(commits=commits)
+                self.outbox.put(encode(batch, self.options.gzip_min_bytes, 0), force=True)
             self.settle(parcel.items)
 
     def _reject(self, fragments: int, message: str) -> None:

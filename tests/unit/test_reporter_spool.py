@@ -1,0 +1,218 @@
+"""Lossless through outages: spool while the service is away, send the spool in order
+before newer data, replay a crashed process's spool, and drop (counted) only when both
+memory and spool are full."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from steptally.client.reporter import Reporter, ReporterOptions
+from steptally.client.reporter.capture import Entry
+from steptally.client.reporter.fake import FakeService
+from steptally.client.reporter.intake import Intake
+from steptally.client.reporter.parcel import Parcel
+from steptally.client.reporter.spool import Spool
+
+SPEC = {"metrics": {"a": "sum", "n": "count"}}
+FAST = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05)
+
+
+def make(service: FakeService, spool: Path, options: ReporterOptions = FAST, **kw: int) -> Reporter:
+    return Reporter(
+        "http://steptally.test",
+        run="r",
+        spec=SPEC,
+        rank=0,
+        world_size=1,
+        transport=service.transport(),
+        spool_dir=spool,
+        options=options,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def log_steps(reporter: Reporter, steps: range, per_step: int = 4) -> None:
+    for step in steps:
+        for i in range(per_step):
+            reporter.log(step, {"a": step + i / 8, "n": i})
+        reporter.commit(step)
+
+
+def files(spool: Path) -> list[str]:
+    return sorted(p.name for p in spool.glob("*.json*"))
+
+
+def steps_in_arrival_order(service: FakeService) -> list[int]:
+    out: list[int] = []
+    for batch in service.batches():
+        out += batch.steps
+    return out
+
+
+def test_spools_while_down_and_sends_the_spool_first_when_back(tmp_path: Path) -> None:
+    service = FakeService()
+    spool = tmp_path / "spool"
+    options = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, max_batch_fragments=4)
+    with make(service, spool, options) as reporter:
+        log_steps(reporter, range(1))
+        assert reporter.flush(5)
+        service.down = True
+        log_steps(reporter, range(1, 6))
+        assert not reporter.flush(0.5)
+        stats = reporter.stats()
+        assert stats.spooled == 20 and stats.queued == 20 and stats.sent == 4
+        assert len(files(spool)) >= 2  # one file per batch
+        service.down = False
+        log_steps(reporter, range(6, 9))  # newer data, logged as the service returns
+        assert reporter.flush(5)
+        assert reporter.stats().queued == 0
+    assert steps_in_arrival_order(service) == sorted(steps_in_arrival_order(service))
+    assert {s for s, _ in service.commits} == set(range(9))
+    assert len(service.fragments) == 36 and files(spool) == []
+
+
+def test_a_new_reporter_replays_the_spool_a_closed_one_left(tmp_path: Path) -> None:
+    service = FakeService()
+    spool = tmp_path / "spool"
+    service.down = True
+    with make(service, spool) as reporter:
+        log_steps(reporter, range(3))
+        assert not reporter.close(timeout=0.3)
+    assert files(spool)
+    service.down = False
+    with make(service, spool) as successor:
+        assert successor.stats().queued == 12
+        assert successor.flush(5)  # replays without a single log() call
+    assert len(service.fragments) == 12 and files(spool) == []
+    assert service.commits == {(0, 0): 4, (1, 0): 4, (2, 0): 4}
+
+
+CRASH = """
+import os, time, httpx
+from steptally.client.reporter import Reporter, ReporterOptions
+def refuse(request):
+    raise httpx.ConnectError("refused")
+r = Reporter("http://steptally.test", run="r", spec={"metrics": {"a": "sum", "n": "count"}},
+             rank=0, world_size=1, transport=httpx.MockTransport(refuse), spool_dir=SPOOL,
+             options=ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01))
+for step in range(5):
+    for i in range(3):
+        r.log(step, {"a": step * 10.0 + i, "n": 1})
+    r.commit(step)
+while r.stats().spooled < 15:
+    time.sleep(0.01)
+os._exit(3)  # a crash: no close(), no exit hook
+"""
+
+
+def test_a_new_reporter_replays_a_crashed_process_spool_in_order(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    code = CRASH.replace("SPOOL", repr(str(spool)))
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 3
+    (spool / ".tmp-000000000099-1-1f-0c.json").write_bytes(b"{half a wri")
+    service = FakeService()
+    with make(service, spool) as successor:
+        log_steps(successor, range(5, 7))
+        assert successor.flush(5)
+    arrival = steps_in_arrival_order(service)
+    assert arrival[:15] == [s for s in range(5) for _ in range(3)]
+    assert arrival == sorted(arrival)
+    assert service.fragments[4, 0, 2] == {"a": 42.0, "n": 1.0}
+    assert len(service.commits) == 7 and list(spool.iterdir()) == []
+
+
+def test_spool_files_are_named_in_order_and_written_atomically(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=10_000)
+    for i in range(12):
+        assert spool.write(Parcel(b"{}" * (i + 1), i % 2 == 0, i, 1))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [int(n.split("-")[2].removesuffix("f")) for n in names] == list(range(12))
+    assert not any(n.startswith(".tmp-") for n in names)
+    again = Spool(tmp_path, max_bytes=10_000)
+    found = again.scan()
+    assert [p.fragments for p in found] == list(range(12))
+    assert [p.gzipped for p in found] == [i % 2 == 0 for i in range(12)]
+    assert again.nbytes == sum(2 * (i + 1) for i in range(12))
+    assert again.write(Parcel(b"{}", False, 99, 0))
+    assert sorted(p.name for p in tmp_path.iterdir())[-1].split("-")[2] == "99f"
+    assert not Spool(tmp_path / "x", max_bytes=3).write(Parcel(b"{}{}", False, 1, 0))
+
+
+def test_drops_only_when_memory_and_spool_are_full_and_counts_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = FakeService()
+    spool = tmp_path / "spool"
+    tight = ReporterOptions(
+        flush_interval_s=0.01,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        max_batch_fragments=4,
+        max_queue_bytes=600,
+        gzip_min_bytes=1 << 20,
+    )
+    with make(service, spool, tight, max_spool_bytes=1500) as reporter:
+        log_steps(reporter, range(1))
+        assert reporter.flush(5)
+        service.down = True
+        log_steps(reporter, range(1, 40))  # never raises
+        assert not reporter.flush(1.0)
+        stats = reporter.stats()
+        assert stats.dropped > 0 and stats.spooled > 0
+        assert stats.spooled + stats.dropped == 156  # every fragment is accounted for
+        assert "memory and spool are full: dropped" in caplog.text
+        assert sum(p.stat().st_size for p in spool.glob("*.json*")) <= 1500
+        service.down = False
+        assert reporter.flush(5)
+        sent = reporter.stats().sent
+    assert sent == 4 + 156 - stats.dropped
+    missing = sum(
+        n - sum(1 for s, _, _ in service.fragments if s == step)
+        for (step, _), n in service.commits.items()
+    )
+    assert missing == stats.dropped  # the commits show which steps are incomplete
+
+
+def test_the_in_memory_queue_is_bounded_and_still_numbers_what_it_drops() -> None:
+    intake = Intake(0, max_items=3, max_bytes=1 << 20, batch_items=100)
+    accepted = [intake.put(Entry(7, ("a",), [1.0])) for _ in range(5)]
+    assert accepted == [True, True, True, False, False]
+    commit = intake.commit(7)
+    assert commit.fragments == 5  # the step will show two missing fragments
+    assert len(intake.drain()) == 4  # three fragments and the commit
+    small = Intake(0, max_items=100, max_bytes=100, batch_items=100)
+    assert [small.put(Entry(0, ("a", "b"), [1.0, 2.0])) for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+
+
+def test_memory_of_a_reporter_is_bounded_while_down(tmp_path: Path) -> None:
+    service = FakeService()
+    service.down = True
+    spool = tmp_path / "spool"
+    options = ReporterOptions(
+        flush_interval_s=0.01,
+        backoff_base_s=0.01,
+        max_queue_bytes=2000,
+        max_batch_fragments=2,
+    )
+    with make(service, spool, options) as reporter:
+        worker = reporter._worker
+        peak = 0
+        for step in range(100):
+            log_steps(reporter, range(step, step + 1), per_step=2)
+            peak = max(peak, worker.outbox._memory_bytes)
+            time.sleep(0.001)
+        assert not reporter.flush(0.3)
+        assert peak <= 2000
+        assert reporter.stats().dropped == 0
+        service.down = False
+        assert reporter.flush(10)
+    assert len(service.fragments) == 200
