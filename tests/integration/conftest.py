@@ -86,6 +86,12 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def empty_database() -> Callable[[str], None]:
+    """``empty_database(url)``: delete every row, keep the schema."""
+    return _empty
+
+
+@pytest.fixture
 def clock() -> Clock:
     return Clock()
 
@@ -109,13 +115,18 @@ def make_client(db_url: str, clock: Clock) -> Iterator[AppFactory]:
 
 
 @pytest.fixture
-def client(make_client: AppFactory) -> TestClient:
-    return make_client()[1]
+def app_and_client(make_client: AppFactory) -> tuple[FastAPI, TestClient]:
+    return make_client()
 
 
 @pytest.fixture
-def app_and_client(make_client: AppFactory) -> tuple[FastAPI, TestClient]:
-    return make_client()
+def app(app_and_client: tuple[FastAPI, TestClient]) -> FastAPI:
+    return app_and_client[0]
+
+
+@pytest.fixture
+def client(app_and_client: tuple[FastAPI, TestClient]) -> TestClient:
+    return app_and_client[1]
 
 
 class Api:
@@ -168,3 +179,9 @@ class Api:
 @pytest.fixture
 def api(client: TestClient) -> Api:
     return Api(client)
+
+
+@pytest.fixture
+def api_of() -> type[Api]:
+    """``api_of(client)``: the same helper over another client (another replica)."""
+    return Api
