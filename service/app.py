@@ -48,13 +48,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(check_current, store.engine, settings.database_url)
-        task = (
-            asyncio.create_task(sweep_forever(service, settings.sweep_interval_s))
-            if sweep
-            else None
-        )
+        task = None
         try:
+            await run_in_threadpool(check_current, store.engine, settings.database_url)
+            if sweep:
+                task = asyncio.create_task(sweep_forever(service, settings.sweep_interval_s))
             yield
         finally:
             if task is not None:

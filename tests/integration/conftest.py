@@ -106,9 +106,7 @@ def make_client(db_url: str, clock: Clock) -> Iterator[AppFactory]:
 
         def make(**settings: Any) -> tuple[FastAPI, TestClient]:
             sweep = settings.pop("sweep", False)
-            app = create_app(
-                Settings(database_url=db_url, **settings), clock=clock, sweep=sweep
-            )
+            app = create_app(Settings(database_url=db_url, **settings), clock=clock, sweep=sweep)
             return app, stack.enter_context(TestClient(app))
 
         yield make

@@ -24,9 +24,7 @@ def _finalisations(app: Any, status: str) -> float:
     return value or 0.0
 
 
-def test_concurrent_completion_finalises_once(
-    make_client: Any, api_of: Any
-) -> None:
+def test_concurrent_completion_finalises_once(make_client: Any, api_of: Any) -> None:
     apps = [make_client(), make_client()]
     apis = [api_of(client) for _, client in apps]
     ranks, steps = 8, 12
@@ -57,9 +55,7 @@ def test_concurrent_completion_finalises_once(
         assert got["metrics"]["a"]["value"] == sum(1.0 + r for r in range(ranks))
 
 
-def test_concurrent_sweeps_finalise_once(
-    make_client: Any, api_of: Any, clock: Any
-) -> None:
+def test_concurrent_sweeps_finalise_once(make_client: Any, api_of: Any, clock: Any) -> None:
     apps = [make_client(), make_client()]
     api = api_of(apps[0][1])
     api.register(name="c", world_size=2, step_timeout_s=1)
@@ -67,8 +63,10 @@ def test_concurrent_sweeps_finalise_once(
         api.send([(step, 0, 0, {"a": 1.0})], run="c")
     clock.now += 1
     done: list[Any] = []
-    threads = [threading.Thread(target=lambda a=app: done.extend(a.state.service.sweep()))
-               for app, _ in apps]
+    threads = [
+        threading.Thread(target=lambda a=app: done.extend(a.state.service.sweep()))
+        for app, _ in apps
+    ]
     for t in threads:
         t.start()
     for t in threads:

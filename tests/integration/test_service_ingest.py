@@ -127,8 +127,7 @@ def test_rank_out_of_range_unknown_metric_invalid_count(api: Api) -> None:
     assert error["where"] == "fragments[0].rank"
     assert "world size 2" in error["message"]
     _error(api.send([], [(0, 7, 1)]), 422, "rank_out_of_range")
-    error = _error(api.send([(0, 0, 0, {"a": 1.0}), (0, 0, 1, {"zz": 1.0})]), 422,
-                   "unknown_metric")
+    error = _error(api.send([(0, 0, 0, {"a": 1.0}), (0, 0, 1, {"zz": 1.0})]), 422, "unknown_metric")
     assert error["where"] == "fragments[1].values.zz"
     assert "'zz'" in error["message"]
     _error(api.send([(0, 0, 0, {"m": 1.0})]), 422, "unknown_metric")
@@ -168,9 +167,17 @@ def test_compact_form_with_absent_cells(api: Api) -> None:
     api.register(world_size=1, metrics={"a": "sum", "n": "count", "m": "max"})
     values = struct.pack("<4d", 2.0, 7.0, 0.0, -3.0)
     present = base64.b64encode(bytes([1, 1, 0, 1])).decode()
-    body = {"columnar": {"metrics": ["a", "m"], "step": [0, 0], "rank": [0, 0], "seq": [0, 1],
-                         "values": base64.b64encode(values).decode(), "present": present},
-            "commits": [{"step": 0, "rank": 0, "fragments": 2}]}
+    body = {
+        "columnar": {
+            "metrics": ["a", "m"],
+            "step": [0, 0],
+            "rank": [0, 0],
+            "seq": [0, 1],
+            "values": base64.b64encode(values).decode(),
+            "present": present,
+        },
+        "commits": [{"step": 0, "rank": 0, "fragments": 2}],
+    }
     assert api.client.post("/v1/runs/r/fragments", json=body).status_code == 200
     metrics = api.step(0)["metrics"]
     assert (metrics["a"]["value"], metrics["a"]["values"]) == (2.0, 1)
@@ -181,18 +188,23 @@ def test_compact_form_with_absent_cells(api: Api) -> None:
 def test_too_large_body_and_gzip_bomb(make_client: Any) -> None:
     _, client = make_client(max_body_bytes=2048)
     client.post("/v1/runs", json={"name": "r", "world_size": 1, "metrics": {"a": "sum"}})
-    big = {"fragments": [{"step": 0, "rank": 0, "seq": i, "values": {"a": 1.0}}
-                         for i in range(100)]}
+    big = {
+        "fragments": [{"step": 0, "rank": 0, "seq": i, "values": {"a": 1.0}} for i in range(100)]
+    }
     _error(client.post("/v1/runs/r/fragments", json=big), 413, "too_large")
     bomb = gzip.compress(b'{"fragments": [' + b" " * 1_500_000 + b"]}")
     assert len(bomb) < 2048
     headers = {"content-type": "application/json", "content-encoding": "gzip"}
-    error = _error(client.post("/v1/runs/r/fragments", content=bomb, headers=headers), 413,
-                   "too_large")
+    error = _error(
+        client.post("/v1/runs/r/fragments", content=bomb, headers=headers), 413, "too_large"
+    )
     assert "decompressed" in error["message"]
     brotli = {"content-type": "application/json", "content-encoding": "br"}
-    _error(client.post("/v1/runs/r/fragments", content=b"{}", headers=brotli), 400,
-           "unsupported_encoding")
+    _error(
+        client.post("/v1/runs/r/fragments", content=b"{}", headers=brotli),
+        400,
+        "unsupported_encoding",
+    )
     assert client.get("/v1/runs/r/steps/0").status_code == 404
 
 
@@ -202,8 +214,16 @@ def test_nan_payload_is_canonical_for_duplicates(api: Api) -> None:
     def columnar(nan_bits: int) -> dict[str, Any]:
         raw = struct.pack("<Q", nan_bits)
         assert math.isnan(struct.unpack("<d", raw)[0])
-        return {"columnar": {"metrics": ["a"], "step": [0], "rank": [0], "seq": [0],
-                             "values": base64.b64encode(raw).decode(), "present": None}}
+        return {
+            "columnar": {
+                "metrics": ["a"],
+                "step": [0],
+                "rank": [0],
+                "seq": [0],
+                "values": base64.b64encode(raw).decode(),
+                "present": None,
+            }
+        }
 
     first = api.client.post("/v1/runs/r/fragments", json=columnar(0x7FF8000000000001))
     second = api.client.post("/v1/runs/r/fragments", json=columnar(0xFFF8000000000000))

@@ -39,8 +39,18 @@ def _free_port() -> int:
 
 
 def _serve(url: str, port: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "steptally.service.cli", "serve", "--database-url", url,
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "steptally.service.cli",
+        "serve",
+        "--database-url",
+        url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while True:
@@ -73,20 +83,29 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}/v1/runs"
     proc = _serve(url, port)
     try:
-        spec = {"name": "k", "world_size": 3, "metrics": {"a": "sum", "n": "count"},
-                "derived": {"mean": "a / n"}}
+        spec = {
+            "name": "k",
+            "world_size": 3,
+            "metrics": {"a": "sum", "n": "count"},
+            "derived": {"mean": "a / n"},
+        }
         assert httpx.post(base, json=spec).status_code == 201
         for rank, a in enumerate([1e17, 1.0]):
-            body = {"fragments": [{"step": 0, "rank": rank, "seq": 0,
-                                   "values": {"a": a, "n": rank + 1}}],
-                    "commits": [{"step": 0, "rank": rank, "fragments": 1}]}
+            body = {
+                "fragments": [
+                    {"step": 0, "rank": rank, "seq": 0, "values": {"a": a, "n": rank + 1}}
+                ],
+                "commits": [{"step": 0, "rank": rank, "fragments": 1}],
+            }
             assert httpx.post(f"{base}/k/fragments", json=body).status_code == 200
     finally:
         _stop(proc, signal.SIGKILL)
     proc = _serve(url, port)
     try:
-        body = {"fragments": [{"step": 0, "rank": 2, "seq": 0, "values": {"a": -1e17, "n": 1}}],
-                "commits": [{"step": 0, "rank": 2, "fragments": 1}]}
+        body = {
+            "fragments": [{"step": 0, "rank": 2, "seq": 0, "values": {"a": -1e17, "n": 1}}],
+            "commits": [{"step": 0, "rank": 2, "fragments": 1}],
+        }
         answer = httpx.post(f"{base}/k/fragments", json=body).json()
         assert answer["finalised"] == [{"step": 0, "status": "complete", "revision": 1}]
         step = httpx.get(f"{base}/k/steps/0").json()

@@ -79,8 +79,7 @@ def test_list_and_get_runs(api: Api) -> None:
 
 
 def test_unknown_run_is_404_everywhere(api: Api) -> None:
-    for path in ("/v1/runs/zz", "/v1/runs/zz/steps/0", "/v1/runs/zz/steps",
-                 "/v1/runs/zz/series/a"):
+    for path in ("/v1/runs/zz", "/v1/runs/zz/steps/0", "/v1/runs/zz/steps", "/v1/runs/zz/series/a"):
         response = api.client.get(path)
         assert response.status_code == 404, path
         assert response.json()["error"]["code"] == "unknown_run"

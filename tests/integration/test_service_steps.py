@@ -17,8 +17,9 @@ def _pieces() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for rank, vs in values.items():
         for seq, v in enumerate(vs):
-            out.append({"fragments": [{"step": 0, "rank": rank, "seq": seq,
-                                       "values": {"a": v, "n": 1}}]})
+            out.append(
+                {"fragments": [{"step": 0, "rank": rank, "seq": seq, "values": {"a": v, "n": 1}}]}
+            )
         out.append({"commits": [{"step": 0, "rank": rank, "fragments": len(vs)}]})
     return out
 
@@ -34,8 +35,9 @@ def test_complete_in_any_order(api: Api) -> None:
         for i, index in enumerate(order):
             body = api.client.post(f"/v1/runs/{run}/fragments", json=pieces[index]).json()
             last = i == len(order) - 1
-            assert body["finalised"] == ([{"step": 0, "status": "complete", "revision": 1}]
-                                         if last else []), (order, i)
+            assert body["finalised"] == (
+                [{"step": 0, "status": "complete", "revision": 1}] if last else []
+            ), (order, i)
         step = api.step(0, run)
         assert (step["status"], step["revision"]) == ("complete", 1)
         assert step["metrics"]["a"]["value"] == 5.75
@@ -83,7 +85,10 @@ def test_late_fragment_refinalises_with_next_revision(api: Api, app: Any, clock:
     assert done["finalised"] == [{"step": 0, "status": "complete", "revision": 3}]
     step = api.step(0)
     assert (step["status"], step["ranks_missing"], step["missing_fragments"]) == (
-        "complete", [], {})
+        "complete",
+        [],
+        {},
+    )
     assert api.send([(0, 1, 0, {"a": 2.0, "n": 1})]).json()["duplicates"] == 1
     assert api.send([(0, 1, 1, {"a": 2.0})]).status_code == 409
 
@@ -117,12 +122,20 @@ def test_pages_of_steps_and_series(api: Api) -> None:
         cursor = page["next_cursor"]
         if cursor is None:
             break
-    assert seen == [(1, "complete", ["mean"]), (2, "complete", ["mean"]),
-                    (3, "complete", ["mean"]), (4, "open", ["mean"])]
+    assert seen == [
+        (1, "complete", ["mean"]),
+        (2, "complete", ["mean"]),
+        (3, "complete", ["mean"]),
+        (4, "open", ["mean"]),
+    ]
     series = api.client.get("/v1/runs/r/series/mean", params={"end": 4}).json()
-    assert series == {"metric": "mean", "kind": "derived", "steps": [0, 1, 2, 3, 4],
-                      "values": [0.0, 0.5, 1.0, 1.5, 2.0],
-                      "status": ["complete"] * 4 + ["open"]}
+    assert series == {
+        "metric": "mean",
+        "kind": "derived",
+        "steps": [0, 1, 2, 3, 4],
+        "values": [0.0, 0.5, 1.0, 1.5, 2.0],
+        "status": ["complete"] * 4 + ["open"],
+    }
     assert api.client.get("/v1/runs/r/series/zz").json()["error"]["code"] == "unknown_metric"
     assert api.client.get("/v1/runs/r/steps/9").json()["error"]["code"] == "unknown_step"
 

@@ -1,0 +1,49 @@
+"""The service's own metrics, on the app's own registry, with exact values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Api = Any  # the `api` fixture of conftest.py
+
+
+def _sample(app: Any, name: str, **labels: str) -> float:
+    return app.state.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_ingest_counters(api: Api, app: Any, clock: Any) -> None:
+    api.register(world_size=2, step_timeout_s=5)
+    api.send([(0, 0, 0, {"a": 1.0}), (0, 0, 1, {"a": 1.0})], [(0, 0, 2)])
+    api.send([(0, 0, 0, {"a": 1.0})])
+    api.send([(0, 0, 0, {"a": 9.0})])
+    api.send([(0, 7, 0, {"a": 9.0})])
+    api.send([(0, 1, 0, {"a": 1.0})], [(0, 1, 1)])
+    api.send([(1, 1, 0, {"a": 1.0})])
+    clock.now += 5
+    app.state.service.sweep()
+    assert _sample(app, "steptally_fragments_ingested_total", run="r") == 4
+    assert _sample(app, "steptally_fragment_duplicates_total", run="r") == 1
+    assert _sample(app, "steptally_commits_total", run="r") == 2
+    assert _sample(app, "steptally_batches_total") == 4
+    assert _sample(app, "steptally_rejects_total", reason="fragment_conflict") == 1
+    assert _sample(app, "steptally_rejects_total", reason="rank_out_of_range") == 1
+    assert _sample(app, "steptally_steps_finalised_total", run="r", status="complete") == 1
+    assert _sample(app, "steptally_steps_finalised_total", run="r", status="partial") == 1
+    assert _sample(app, "steptally_finalise_seconds_count") == 2
+
+
+def test_exposition_snapshot(api: Api, app: Any, clock: Any) -> None:
+    api.register(world_size=2, step_timeout_s=5, derived={"mean": "a / n"})
+    api.send(
+        [(0, 0, 0, {"a": 3.0, "n": 2}), (0, 1, 0, {"a": "NaN", "n": 1})], [(0, 0, 1), (0, 1, 1)]
+    )
+    api.send([(1, 0, 0, {"a": 1.0})])
+    api.send([(2, 0, 0, {"a": 1.0})])
+    clock.now += 5
+    api.send([(3, 0, 0, {"a": 1.0})])
+    app.state.service.sweep()
+    (snap,) = app.state.store.exposition_snapshot()
+    assert (snap.run, snap.world_size, snap.last_step) == ("r", 2, 2)
+    assert (snap.last_status.value, snap.last_revision) == ("partial", 1)
+    assert (snap.open_steps, snap.partial_steps, snap.missing_ranks) == (1, 2, 4)
+    assert snap.values["a"] == 1.0 and snap.values["mean"] is None

@@ -1,0 +1,23 @@
+"""Packing fragment values: canonical blobs, masks, and columns back out."""
+
+from __future__ import annotations
+
+import struct
+
+from steptally.service.domain import cells
+
+
+def test_pack_is_canonical_and_trims_trailing_absent_columns() -> None:
+    full = cells.pack([1.0, 2.0], b"\x01\x01")
+    assert full == (struct.pack("<2d", 1.0, 2.0), None)
+    assert cells.pack([1.0, 2.0, 99.0], b"\x01\x01\x00") == full  # a column added later
+    blob, mask = cells.pack([5.0, 7.0, 3.0], b"\x00\x01\x01")
+    assert blob == struct.pack("<3d", 0.0, 7.0, 3.0) and mask == b"\x00\x01\x01"
+    assert cells.pack([1.0], b"\x00") == (b"", None)
+
+
+def test_columns_fast_path_and_masked_path_agree() -> None:
+    rows = [cells.pack([1.0, 2.0], b"\x01\x01"), cells.pack([3.0, 4.0], b"\x01\x01")]
+    assert [list(c) for c in cells.columns(rows, 2)] == [[1.0, 3.0], [2.0, 4.0]]
+    mixed = [*rows, cells.pack([0.0, 9.0], b"\x00\x01"), cells.pack([8.0], b"\x01")]
+    assert [list(c) for c in cells.columns(mixed, 3)] == [[1.0, 3.0, 8.0], [2.0, 4.0, 9.0], []]

@@ -1,0 +1,49 @@
+"""Settings and the error tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steptally.service import errors
+from steptally.service.settings import Settings
+
+
+def test_environment_prefix_and_sqlite_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "var" / "deep"
+    monkeypatch.setenv("STEPTALLY_DATABASE_URL", f"sqlite:///{folder}/db.sqlite3")
+    monkeypatch.setenv("STEPTALLY_PORT", "9001")
+    settings = Settings()
+    assert settings.port == 9001
+    assert folder.is_dir()
+    assert settings.max_body_bytes == 64 * 1024 * 1024
+    assert (settings.sweep_interval_s, settings.default_step_timeout_s) == (1.0, 300.0)
+
+
+def test_every_contract_code_has_its_status() -> None:
+    expected = {
+        "bad_json": 400,
+        "unsupported_encoding": 400,
+        "unknown_run": 404,
+        "unknown_step": 404,
+        "spec_conflict": 409,
+        "fragment_conflict": 409,
+        "commit_conflict": 409,
+        "step_complete": 409,
+        "too_large": 413,
+        "invalid_payload": 422,
+        "invalid_spec": 422,
+        "unknown_metric": 422,
+        "invalid_value": 422,
+        "rank_out_of_range": 422,
+    }
+    found = {}
+    stack: list[type[errors.ServiceError]] = [errors.ServiceError]
+    while stack:
+        cls = stack.pop()
+        found[cls.code] = cls.status
+        stack.extend(cls.__subclasses__())
+    assert {code: found.get(code) for code in expected} == expected
