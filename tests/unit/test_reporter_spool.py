@@ -86,8 +86,8 @@ def test_a_new_reporter_replays_the_spool_a_closed_one_left(tmp_path: Path) -> N
     assert files(spool)
     service.down = False
     with make(service, spool) as successor:
-        assert successor.stats().queued == 12
         assert successor.flush(5)  # replays without a single log() call
+        assert successor.stats().sent == 12
     assert len(service.fragments) == 12 and files(spool) == []
     assert service.commits == {(0, 0): 4, (1, 0): 4, (2, 0): 4}
 
