@@ -48,20 +48,38 @@ def _importance_terms(
     return tokens, seqs
 
 
+def _count_terms(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> dict[str, Tensor]:
+    """Counts per sequence: integer row counts, times the sample weight for weighted ones
+    (the same exact values as summing token_mask·sample_mask over each mask)."""
+    m = terms.masks
+    sample = batch.sample_mask.to(F64)
+
+    def rows(mask: Tensor) -> Tensor:
+        return mask.sum(-1, dtype=F64)
+
+    full = rows(m.full)
+    out = {
+        "valid_tokens": sample * full,
+        "actor_tokens": sample * rows(m.actor),
+        "mismatch_tokens": sample * rows(m.mismatch),
+        "actor_positions": rows(m.actor),
+        "filtered_curr_tokens": rows(m.filtered_curr),
+        "filtered_prev_tokens": rows(m.filtered_prev),
+        "valid_seqs": sample,
+    }
+    if terms.correct is not None and config.nll_enabled:
+        out["correct_tokens"] = torch.where(terms.correct, sample * full, 0.0)
+    return out
+
+
 def fragment_terms(
     config: ClippedPGConfig, batch: LossInputs, terms: Terms
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per-token ``[B, T]`` and per-sequence ``[B]`` float64 terms; each fragment that is a
-    sum is the exact sum of one of them."""
+    sum or a count is the exact sum of one of them (counts are summed per sequence)."""
     m = terms.masks
     r, rc = terms.ratios.ratio.detach(), terms.ratios.clamped.detach()
     tokens: dict[str, Tensor] = {
-        "valid_tokens": m.full_weight,
-        "actor_tokens": m.actor_weight,
-        "mismatch_tokens": m.mismatch_weight,
-        "actor_positions": m.actor.to(F64),
-        "filtered_curr_tokens": m.filtered_curr.to(F64),
-        "filtered_prev_tokens": m.filtered_prev.to(F64),
         "probs_ratio_num": torch.where(m.actor, r, 0.0).to(F64) * m.actor_weight,
         "probs_ratio_clamped_num": torch.where(m.actor, rc, 0.0).to(F64) * m.actor_weight,
         "approx_entropy_num": approx_entropy(terms, batch.generation_logprobs).to(F64)
@@ -72,11 +90,9 @@ def fragment_terms(
         terms.prev, batch.generation_logprobs, m.mismatch, kind
     ).items():
         tokens[f"{name}_num"] = value.to(F64) * m.mismatch_weight
-    if terms.correct is not None and config.nll_enabled:
-        tokens["correct_tokens"] = torch.where(terms.correct[:, None], m.full_weight, 0.0)
     imp_tokens, seqs = _importance_terms(config, batch, terms)
     tokens.update(imp_tokens)
-    seqs["valid_seqs"] = batch.sample_mask.to(F64)
+    seqs.update(_count_terms(config, batch, terms))
     return tokens, seqs
 
 

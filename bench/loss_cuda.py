@@ -1,0 +1,148 @@
+"""Loss benchmark: CUDA parity with CPU, zero host syncs, and the cost of the fragments.
+
+    python bench/loss_cuda.py                 # on a machine with CUDA
+    python bench/loss_cuda.py --device cpu    # the timing part on the CPU
+
+On CUDA it (1) runs the same synthetic cases on CUDA and CPU and checks the fragments
+agree (counts exactly, the rest within float64-summed float32 tolerance); (2) runs the
+loss with fragments and its backward under ``torch.cuda.set_sync_debug_mode("error")``,
+so any host sync raises; (3) times loss+backward with fragments against the loss alone
+on 8 sequences x 4096 tokens and prints the overhead ratio. Without CUDA it says so and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import fields, replace
+
+import torch
+
+from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, LossInputs, fragments_to_host
+from steptally.client.loss.spec import fragment_kinds
+from steptally.client.loss.synthetic import synthetic_microbatch
+
+CONFIGS = {
+    "default": ClippedPGConfig(positive_example_nll_weight=0.1),
+    "gspo+tis": ClippedPGConfig(
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="tis",
+        truncated_importance_sampling_ratio=1.05,
+    ),
+    "seq-mask-tis": ClippedPGConfig(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio=1.02,
+        truncated_importance_sampling_ratio_min=0.98,
+    ),
+    "force+cispo": ClippedPGConfig(force_on_policy_ratio=True, ratio_clip_c=3.0),
+}
+
+
+def to_device(batch: LossInputs, device: str) -> LossInputs:
+    moved = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            moved[f.name] = value.detach().to(device).requires_grad_(value.requires_grad)
+    return replace(batch, **moved)
+
+
+def check_parity(device: str) -> int:
+    failures = 0
+    for name, config in CONFIGS.items():
+        kinds = fragment_kinds(config)
+        for seed in range(3):
+            cpu = synthetic_microbatch(seed, sequences=8, max_len=256)
+            a = fragments_to_host(ClippedPGLoss(config)(cpu)[1])
+            b = fragments_to_host(ClippedPGLoss(config)(to_device(cpu, device))[1])
+            for key, value in a.items():
+                other = b[key]
+                ok = (
+                    value == other
+                    if kinds[key] == "count"
+                    else math.isclose(value, other, rel_tol=1e-5, abs_tol=1e-9)
+                )
+                if not ok:
+                    failures += 1
+                    print(f"  parity {name} seed={seed} {key}: cpu={value!r} {device}={other!r}")
+    print(f"parity cpu vs {device}: {'ok' if not failures else f'{failures} mismatches'}")
+    return failures
+
+
+def check_no_sync(device: str) -> None:
+    batch = to_device(synthetic_microbatch(1, sequences=8, max_len=512), device)
+    for config in CONFIGS.values():
+        loss_fn = ClippedPGLoss(config)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss, fragments = loss_fn(batch)
+            loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        fragments_to_host(fragments)  # the one sync, outside the training step
+    print("host syncs in loss+fragments+backward: 0")
+
+
+def _time(fn, device: str, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure_overhead(device: str, repeats: int) -> float:
+    batch = to_device(synthetic_microbatch(3, sequences=8, max_len=4096), device)
+    loss_fn = ClippedPGLoss(CONFIGS["default"])
+
+    def alone() -> None:
+        loss_fn.loss_only(batch).backward()
+
+    def with_fragments() -> None:
+        loss, _ = loss_fn(batch)
+        loss.backward()
+
+    for fn in (alone, with_fragments):
+        _time(fn, device, 3)
+    base, full = _time(alone, device, repeats), _time(with_fragments, device, repeats)
+    ratio = full / base
+    print(
+        f"{device}: loss alone {base * 1e3:.2f} ms, with fragments {full * 1e3:.2f} ms, "
+        f"overhead ratio {ratio:.2f} (8 x 4096 tokens, median of {repeats})"
+    )
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("no CUDA device here: nothing to check (use --device cpu for the CPU timing)")
+            return 0
+        failures = check_parity("cuda")
+        check_no_sync("cuda")
+    else:
+        failures = 0
+        print("cpu mode: parity and sync checks need CUDA; timing only")
+    measure_overhead(args.device, args.repeats)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
