@@ -29,10 +29,10 @@ import sys
 import tempfile
 import time
 from array import array
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -150,8 +150,10 @@ def sql_floor(url: str, rows: int, width: int) -> float:
     )
     meta.create_all(engine)
     blob = os.urandom(8 * width)
-    params = [{"step": i // 2048, "rank": (i // 8) % 256, "seq": i % 8, "payload": blob}
-              for i in range(rows)]
+    params = [
+        {"step": i // 2048, "rank": (i // 8) % 256, "seq": i % 8, "payload": blob}
+        for i in range(rows)
+    ]
     t0 = time.perf_counter()
     for start in range(0, rows, 8):
         with engine.begin() as c:
@@ -175,14 +177,20 @@ def main() -> None:
     names = list(spec(args.metrics)["metrics"])
     values = args.ranks * args.microbatches * args.metrics * args.steps
     with database(args.db) as url, server(url) as base, httpx.Client(timeout=120) as client:
-        run = {"name": "bench", "world_size": args.ranks, "step_timeout_s": 3600,
-               **spec(args.metrics)}
+        run = {
+            "name": "bench",
+            "world_size": args.ranks,
+            "step_timeout_s": 3600,
+            **spec(args.metrics),
+        }
         client.post(f"{base}/v1/runs", json=run).raise_for_status()
         frag_url = f"{base}/v1/runs/bench/fragments"
         warm = bodies(args, names, range(1000, 1001))
         post_all(client, frag_url, warm, args.concurrency)
-        print(f"encoding {args.steps} steps of {args.ranks}×{args.microbatches}×{args.metrics}",
-              file=sys.stderr)
+        print(
+            f"encoding {args.steps} steps of {args.ranks}×{args.microbatches}×{args.metrics}",
+            file=sys.stderr,
+        )
         payloads: list[bytes] = []
         for first in range(0, args.steps, args.steps_per_batch):
             span = range(first, min(first + args.steps_per_batch, args.steps))
@@ -204,12 +212,16 @@ def main() -> None:
     with database(args.db) as url:
         sql = sql_floor(url, floor_rows, args.metrics)
     rate = values / elapsed
-    print(f"\n| db | values | seconds | values/s | vs http floor | vs sql floor | finalise ms |")
+    print("\n| db | values | seconds | values/s | vs http floor | vs sql floor | finalise ms |")
     print("|---|---|---|---|---|---|---|")
-    print(f"| {args.db} | {values} | {elapsed:.2f} | {rate:,.0f} | {elapsed / http:.1f}× "
-          f"| {elapsed / sql:.1f}× | {finalise * 1000:.0f} |")
-    print(f"\nhttp floor: {len(payloads)} GET /healthz in {http:.2f}s; "
-          f"sql floor: {floor_rows} rows in {sql:.2f}s")
+    print(
+        f"| {args.db} | {values} | {elapsed:.2f} | {rate:,.0f} | {elapsed / http:.1f}× "
+        f"| {elapsed / sql:.1f}× | {finalise * 1000:.0f} |"
+    )
+    print(
+        f"\nhttp floor: {len(payloads)} GET /healthz in {http:.2f}s; "
+        f"sql floor: {floor_rows} rows in {sql:.2f}s"
+    )
 
 
 if __name__ == "__main__":

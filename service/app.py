@@ -24,7 +24,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api import errors, fragments, health, runs, steps
+from steptally.service.api import errors, fragments, health, metrics, runs, steps
+from steptally.service.exposition import RunValueCollector
 from steptally.service.settings import Settings
 from steptally.service.store.schema import check_current
 from steptally.service.store.sql import SqlStore
@@ -44,6 +45,7 @@ def create_app(
     store = SqlStore.from_url(settings.database_url)
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
+    registry.register(RunValueCollector(store.exposition_snapshot))
     service = Service(store, telemetry, settings.default_step_timeout_s, clock)
 
     @contextlib.asynccontextmanager
@@ -68,6 +70,6 @@ def create_app(
     app.state.store = store
     app.state.service = service
     errors.install(app)
-    for module in (runs, fragments, steps, health):
+    for module in (runs, fragments, steps, health, metrics):
         app.include_router(module.router)
     return app

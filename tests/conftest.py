@@ -8,9 +8,13 @@ create a database of their own from it and drop it at the end.
 from __future__ import annotations
 
 import os
+import signal
 import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from support.served import ServedService
 
 # starlette warns once, when first imported, that it prefers the httpx2 package; httpx
 # works, so import it here quietly and every later import finds it loaded
@@ -25,3 +29,18 @@ def pg_admin_url() -> str:
     return os.environ.get(
         "STEPTALLY_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     )
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., ServedService]]:
+    """``serve(database_url)``: a started ``steptally serve`` subprocess, stopped at the end."""
+    started: list[ServedService] = []
+
+    def start(database_url: str, *extra: str) -> ServedService:
+        service = ServedService(database_url, tmp_path / f"serve-{len(started)}.log")
+        started.append(service)
+        return service.start(*extra)
+
+    yield start
+    for service in started:
+        service.stop(signal.SIGKILL)

@@ -1,0 +1,74 @@
+"""The Prometheus collector of run values: fresh metric families at every scrape.
+
+It reads one snapshot of the store per scrape (the latest finalised step of every
+run and the backlog of open and partial steps) and yields:
+
+* ``steptally_metric_value{run, metric}`` — the latest finalised value of every
+  metric and derived value; an undefined value is left out, a non-finite one is
+  exported as it is (NaN, +Inf, -Inf);
+* ``steptally_last_finalised_step{run}`` and ``steptally_last_finalised_revision{run}``;
+* ``steptally_last_step_complete{run}`` — 1 when that step is complete, 0 when partial;
+* ``steptally_open_steps{run}``, ``steptally_partial_steps{run}`` and
+  ``steptally_missing_ranks{run}`` (summed over the partial steps);
+* ``steptally_world_size{run}``.
+
+No step label: a step number is a value, not a series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from steptally.service.domain.progress import StepStatus
+from steptally.service.store.base import RunSnapshot
+
+_PER_RUN: tuple[tuple[str, str, Callable[[RunSnapshot], float | None]], ...] = (
+    ("last_finalised_step", "Step number of the latest finalised step.", lambda r: r.last_step),
+    (
+        "last_finalised_revision",
+        "Revision of the latest finalised step.",
+        lambda r: r.last_revision if r.last_step is not None else None,
+    ),
+    (
+        "last_step_complete",
+        "1 when the latest finalised step is complete, 0 when partial.",
+        lambda r: None if r.last_status is None else float(r.last_status is StepStatus.COMPLETE),
+    ),
+    ("open_steps", "Steps still waiting for ranks or fragments.", lambda r: r.open_steps),
+    ("partial_steps", "Steps finalised as partial after their timeout.", lambda r: r.partial_steps),
+    ("missing_ranks", "Ranks missing, summed over the partial steps.", lambda r: r.missing_ranks),
+    ("world_size", "Ranks expected in every step.", lambda r: r.world_size),
+)
+
+
+class RunValueCollector(Collector):
+    """Yields the latest value of every run and metric from ``snapshot()``."""
+
+    def __init__(self, snapshot: Callable[[], Sequence[RunSnapshot]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # nothing known before the first scrape; never query at registration
+
+    def collect(self) -> Iterable[Metric]:
+        runs = self._snapshot()
+        values = GaugeMetricFamily(
+            "steptally_metric_value",
+            "Latest finalised value of a run's metric or derived value.",
+            labels=["run", "metric"],
+        )
+        for run in runs:
+            for metric, value in sorted(run.values.items()):
+                if value is not None:
+                    values.add_metric([run.run, metric], value)
+        yield values
+        for name, doc, get in _PER_RUN:
+            family = GaugeMetricFamily(f"steptally_{name}", doc, labels=["run"])
+            for run in runs:
+                value = get(run)
+                if value is not None:
+                    family.add_metric([run.run], float(value))
+            yield family
