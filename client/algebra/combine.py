@@ -64,14 +64,18 @@ class StepAccumulator:
         return state
 
     def add(self, values: Mapping[str, float]) -> None:
-        """Fold one fragment's values in."""
+        """Fold one fragment's values in (a guarded extreme only if its guard is > 0)."""
+        guards = self.spec.guards
         for name, value in values.items():
             state = self._state(name)
             check_value(self.spec.metrics[name], value, name)
+            if name in guards and not values.get(guards[name], 0.0) > 0:
+                continue
             state.add(value)
 
     def add_column(self, name: str, values: Sequence[float]) -> None:
-        """Fold many values of one metric in at once (already validated)."""
+        """Fold many values of one metric in at once (already validated; for a guarded
+        extreme, only the values whose fragments passed the guard)."""
         if values:
             self._state(name).add_many(values)
 

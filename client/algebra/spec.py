@@ -15,18 +15,28 @@ MAX_METRICS = 4096
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """Kinds of the base metrics and derived expressions over them.
+    """Kinds of the base metrics, derived expressions over them, and guards.
+
+    A **guard** ties a ``min``/``max`` metric to a ``count`` or ``sum`` metric of the
+    same fragment: the extreme's value counts only in fragments whose guard value is
+    greater than zero. That is how a worker reports "the extreme over a mask" without
+    a device sync: it always sends the extreme (a neutral ±inf over an empty mask) and
+    the mask's size beside it, and an empty mask contributes nothing.
 
     ``MetricSpec.build`` validates; the constructor trusts its arguments.
     """
 
     metrics: Mapping[str, Kind]
     derived: Mapping[str, str] = field(default_factory=dict)
+    guards: Mapping[str, str] = field(default_factory=dict)
     parsed: Mapping[str, expression.Node] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
-        cls, metrics: Mapping[str, Any], derived: Mapping[str, str] | None = None
+        cls,
+        metrics: Mapping[str, Any],
+        derived: Mapping[str, str] | None = None,
+        guards: Mapping[str, str] | None = None,
     ) -> MetricSpec:
         derived = dict(derived or {})
         kinds = {check_name(name): parse_kind(kind, name) for name, kind in metrics.items()}
@@ -49,16 +59,19 @@ class MetricSpec:
                     "does not declare; declare it as a metric or fix the expression"
                 )
         _check_acyclic(parsed)
-        return cls(kinds, {n: t.strip() for n, t in derived.items()}, parsed)
+        guards = dict(guards or {})
+        _check_guards(kinds, guards)
+        return cls(kinds, {n: t.strip() for n, t in derived.items()}, guards, parsed)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MetricSpec:
-        return cls.build(data.get("metrics", {}), data.get("derived", {}))
+        return cls.build(data.get("metrics", {}), data.get("derived", {}), data.get("guards", {}))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "metrics": {n: k.value for n, k in self.metrics.items()},
             "derived": dict(self.derived),
+            "guards": dict(self.guards),
         }
 
     def names(self) -> list[str]:
@@ -85,6 +98,12 @@ class MetricSpec:
                     f"derived {name!r} is registered as {self.derived[name]!r}, "
                     f"not {new.derived[name]!r}"
                 )
+        for name in new.metrics.keys() & self.metrics.keys():
+            old_guard, new_guard = self.guards.get(name), new.guards.get(name)
+            if old_guard != new_guard:
+                conflicts.append(
+                    f"metric {name!r} is registered with guard {old_guard!r}, not {new_guard!r}"
+                )
         if conflicts:
             raise SpecConflict(conflicts)
         metrics = {**self.metrics, **new.metrics}
@@ -92,7 +111,17 @@ class MetricSpec:
             **self.derived,
             **{n: t for n, t in new.derived.items() if n not in self.derived},
         }
-        return MetricSpec.build(metrics, derived)
+        return MetricSpec.build(metrics, derived, {**self.guards, **new.guards})
+
+
+def _check_guards(kinds: Mapping[str, Kind], guards: Mapping[str, str]) -> None:
+    for name, guard in guards.items():
+        if kinds.get(name) not in (Kind.MIN, Kind.MAX):
+            raise SpecError(f"guard of {name!r}: only a declared min or max metric takes a guard")
+        if kinds.get(guard) not in (Kind.COUNT, Kind.SUM):
+            raise SpecError(
+                f"guard of {name!r} is {guard!r}, which must be a declared count or sum metric"
+            )
 
 
 def _check_acyclic(parsed: Mapping[str, expression.Node]) -> None:

@@ -15,7 +15,9 @@ positions) change nothing.
 The sum is differentiable: its gradient is 1 for every element, as for ``tensor.sum``.
 Non-finite values are data: when the plain sum is not finite (an inf or a NaN among the
 values), it is the result, as IEEE arithmetic gives it in any order. Sums of up to 2**33
-values per row are exact per fold; magnitudes above 2**989 fall outside the guarantee.
+values per row are exact per fold; magnitudes above 2**989 fall outside the guarantee,
+and so does the one-ulp accuracy of a row whose largest magnitude is below 2**-950 (its
+grid is coarser than its values; the result is still the same bits in any order).
 The folds run without autograd on two float64 buffers, in place; the gradient rides on
 ``plain - plain.detach()``, which is exactly 0. No host sync anywhere.
 """

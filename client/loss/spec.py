@@ -10,8 +10,10 @@ Kinds:
   position counts (``count``).
 - ``*_num``: additive numerators (``sum``); the service divides each by its count once.
 - ``*_min`` / ``*_max``: extrema over the actor mask. Each has a companion count
-  (:data:`EXTREME_COMPANIONS`); a microbatch whose companion count is 0 has an empty
-  mask, and :func:`~steptally.client.loss.fragments_to_host` omits its extrema.
+  (:data:`EXTREME_COMPANIONS`), declared as its **guard** in the spec: a microbatch
+  whose companion count is 0 has an empty mask, and its neutral ±inf extremum counts
+  nowhere — the algebra skips it on the service, and
+  :func:`~steptally.client.loss.fragments_to_host` already omits it on the host.
 """
 
 from __future__ import annotations
@@ -96,4 +98,6 @@ def derived_expressions(config: ClippedPGConfig) -> dict[str, str]:
 
 def metric_spec(config: ClippedPGConfig) -> MetricSpec:
     """The run's metric spec for the loss under ``config``."""
-    return MetricSpec.build(fragment_kinds(config), derived_expressions(config))
+    return MetricSpec.build(
+        fragment_kinds(config), derived_expressions(config), guards=EXTREME_COMPANIONS
+    )

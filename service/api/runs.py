@@ -23,13 +23,14 @@ class RunBody(BaseModel):
     world_size: int
     metrics: dict[str, Any]
     derived: dict[str, str] = Field(default_factory=dict)
+    guards: dict[str, str] = Field(default_factory=dict)
     step_timeout_s: float | None = None
 
 
 @router.post("")
 def register_run(body: RunBody, service: ServiceDep) -> JsonResponse:
     request = RunRequest(
-        body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s
+        body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s, body.guards
     )
     run, created = service.register_run(request)
     return JsonResponse(run, status_code=201 if created else 200)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress
 
 Cell = tuple[bytes, bytes | None]
@@ -44,17 +44,33 @@ def pack(values: Sequence[float], mask: bytes | bytearray) -> Cell:
     return blob, (None if all(kept) else kept)
 
 
-def columns(cells: Sequence[Cell], width: int) -> list[list[float] | array[float]]:
-    """The values of each of ``width`` columns over all ``cells``, absent ones left out."""
+def columns(
+    cells: Sequence[Cell], width: int, guards: Mapping[int, int] | None = None
+) -> list[list[float] | array[float]]:
+    """The values of each of ``width`` columns over all ``cells``, absent ones left out.
+
+    ``guards`` maps a column to its guard column: a guarded column keeps only the
+    values of fragments that carry the guard with a value greater than zero.
+    """
     full = 8 * width
     if all(p is None and len(v) == full for v, p in cells):
         flat = from_bytes(b"".join(v for v, _ in cells))
-        return [flat[j::width] for j in range(width)]
-    blobs, masks = [], []
-    for v, p in cells:
-        k = len(v) // 8
-        blobs.append(v + bytes(full - len(v)))
-        masks.append((b"\x01" * k if p is None else p) + bytes(width - k))
-    flat = from_bytes(b"".join(blobs))
-    mask = b"".join(masks)
-    return [list(compress(flat[j::width], mask[j::width])) for j in range(width)]
+        mask = None
+    else:
+        blobs, masks = [], []
+        for v, p in cells:
+            k = len(v) // 8
+            blobs.append(v + bytes(full - len(v)))
+            masks.append((b"\x01" * k if p is None else p) + bytes(width - k))
+        flat = from_bytes(b"".join(blobs))
+        mask = b"".join(masks)
+    out: list[list[float] | array[float]] = []
+    for j in range(width):
+        keep = None if mask is None else mask[j::width]
+        g = (guards or {}).get(j)
+        if g is not None:
+            passed = bytes(v > 0 for v in flat[g::width])
+            guard_keep = passed if mask is None else bytes(map(min, passed, mask[g::width]))
+            keep = guard_keep if keep is None else bytes(map(min, keep, guard_keep))
+        out.append(flat[j::width] if keep is None else list(compress(flat[j::width], keep)))
+    return out

@@ -66,7 +66,10 @@ def metric_json(result: MetricResult) -> MetricJson:
 def combine(run: RunRecord, fragments: Sequence[cells.Cell]) -> dict[str, MetricResult]:
     """Every metric and derived value of the run over ``fragments``, each rounded once."""
     acc = StepAccumulator(run.spec)
-    for name, column in zip(run.columns, cells.columns(fragments, len(run.columns)), strict=True):
+    index = {name: j for j, name in enumerate(run.columns)}
+    guards = {index[m]: index[g] for m, g in run.spec.guards.items()}
+    table = cells.columns(fragments, len(run.columns), guards)
+    for name, column in zip(run.columns, table, strict=True):
         acc.add_column(name, column)
     return acc.report()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
@@ -25,6 +25,7 @@ class RunRequest:
     metrics: Mapping[str, Any]
     derived: Mapping[str, str]
     step_timeout_s: float | None = None
+    guards: Mapping[str, str] = field(default_factory=dict)
 
 
 def register(
@@ -42,7 +43,7 @@ def register(
     if request.step_timeout_s is not None and not request.step_timeout_s > 0:
         raise InvalidSpec("step_timeout_s must be a positive number of seconds", "step_timeout_s")
     try:
-        spec = MetricSpec.build(request.metrics, request.derived)
+        spec = MetricSpec.build(request.metrics, request.derived, request.guards)
     except SpecError as exc:
         raise InvalidSpec(str(exc), "metrics") from None
 

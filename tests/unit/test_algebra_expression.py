@@ -101,3 +101,30 @@ def test_count_rejects_non_integers() -> None:
     for bad in (1.5, -1.0, math.nan, math.inf):
         with pytest.raises(ValueRejected, match="non-negative integer"):
             combine(spec, [{"n": bad}])
+
+
+def test_a_guarded_extreme_counts_only_where_its_guard_is_positive() -> None:
+    spec = MetricSpec.build({"hi": "max", "lo": "min", "n": "count"}, guards={"hi": "n", "lo": "n"})
+    out = combine(
+        spec,
+        [
+            {"hi": -math.inf, "lo": math.inf, "n": 0},  # empty mask: the neutral sentinels
+            {"hi": 2.0, "lo": 0.5, "n": 3},
+            {"hi": math.inf, "lo": math.nan, "n": 1},  # real non-finite values stay data
+        ],
+    )
+    assert out["hi"].value == math.inf
+    assert math.isnan(out["lo"].value or 0.0)
+    only_empty = combine(spec, [{"hi": -math.inf, "lo": math.inf, "n": 0}])
+    assert only_empty["hi"].value is None and only_empty["lo"].value is None
+
+
+def test_guards_are_validated_and_part_of_the_meaning() -> None:
+    with pytest.raises(SpecError, match="only a declared min or max"):
+        MetricSpec.build({"a": "sum", "n": "count"}, guards={"a": "n"})
+    with pytest.raises(SpecError, match="count or sum"):
+        MetricSpec.build({"a": "max", "b": "min"}, guards={"a": "b"})
+    guarded = MetricSpec.build({"a": "max", "n": "count"}, guards={"a": "n"})
+    assert MetricSpec.from_json(guarded.to_json()) == guarded
+    with pytest.raises(SpecConflict, match="guard"):
+        guarded.merged_with(MetricSpec.build({"a": "max", "n": "count"}))

@@ -34,7 +34,7 @@ def test_order_and_padding_do_not_change_a_bit(values, rnd, pad):
     a, b = exact_sum(x), exact_sum(y)
     assert torch.equal(a, b)
     exact = sum(map(Fraction, values))
-    if exact != 0:
+    if abs(exact) >= 2.0**-900:  # below, the grid is coarser than the values (documented)
         assert abs(Fraction(float(a)) - exact) <= Fraction(2 * math.ulp(float(exact)))
     # rows of a 2-D input are summed independently
     assert torch.equal(exact_sum(torch.stack([x, x]))[1], a)

@@ -159,3 +159,24 @@ def test_sequence_level_loss_divides_by_original_token_count():
     # three retained tokens of ratio 1 contribute -1 each; the row keeps its 4 tokens
     assert float(f["actor_loss_num"]) == -0.75
     assert float(loss.detach()) == -0.75
+
+
+def test_the_spec_guards_make_raw_device_values_safe_to_send():
+    """Sent without fragments_to_host (every key, the neutral ±inf included), the
+    fragments of an empty-mask microbatch still contribute no extremum: the spec's
+    guards skip them, exactly as the host-side omission does."""
+    from steptally.client.algebra import StepAccumulator
+
+    loss_fn = ClippedPGLoss(NO_KL)
+    empty = tiny([[-INF, -INF]], [[-1.0, -1.0]], [[-1.0, -1.0]])
+    full = tiny([[-1.0, -1.2]], [[-1.1, -1.0]], [[-1.0, -1.0]])
+    raw, filtered = StepAccumulator(loss_fn.metric_spec()), StepAccumulator(loss_fn.metric_spec())
+    for batch in (empty, full):
+        frags = loss_fn(batch)[1]
+        raw.add({name: float(t) for name, t in frags.items()})
+        filtered.add(fragments_to_host(frags))
+    assert raw.report() == filtered.report()
+    only_full = fragments_to_host(loss_fn(full)[1])["probs_ratio_min"]
+    assert raw.report()["probs_ratio_min"].value == only_full
+    assert math.isfinite(only_full)
+    assert loss_fn.metric_spec().guards["probs_ratio_max"] == "actor_positions"
