@@ -1,7 +1,8 @@
-"""The ``steptally`` command: ``migrate`` and ``serve`` (``demo`` is added beside them).
+"""The ``steptally`` command: ``migrate``, ``serve`` and ``demo``.
 
     steptally migrate [--database-url URL]
     steptally serve   [--database-url URL] [--host H] [--port P]
+    steptally demo    [--url URL | --serve] [--steps N] [--ranks N]
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
 :class:`~steptally.service.settings.Settings`.
@@ -66,6 +67,44 @@ def serve(
     finally:
         engine.dispose()
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+@app.command()
+def demo(
+    url: Annotated[str | None, typer.Option(help="A running service to push to.")] = None,
+    serve_too: Annotated[
+        bool, typer.Option("--serve", help="Migrate and serve the embedded default here.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    port: Annotated[int | None, typer.Option(help="Port for --serve.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Steps to simulate.")] = 30,
+    ranks: Annotated[int, typer.Option(min=1, max=64, help="Ranks to simulate.")] = 8,
+    keep_serving: Annotated[
+        bool, typer.Option(help="With --serve, keep serving after the demo (Ctrl-C stops).")
+    ] = True,
+) -> None:
+    """A simulated GRPO run pushing real loss fragments (needs the torch extra)."""
+    try:
+        from steptally.client.demo import DemoPlan, run_demo
+    except ImportError as exc:
+        typer.echo(f"steptally: the demo needs torch: pip install 'steptally[torch]' ({exc})")
+        raise typer.Exit(2) from None
+    plan = DemoPlan(steps=steps, ranks=ranks)
+    if not serve_too:
+        run_demo(url or "http://127.0.0.1:8000", plan, typer.echo)
+        return
+    from steptally.service.embedded import EmbeddedServer
+
+    settings = settings_with(database_url=database_url, port=port)
+    with EmbeddedServer(settings) as server:
+        typer.echo(
+            f"steptally: serving on {server.url}  (dashboard {server.url}/, "
+            f"metrics {server.url}/metrics)"
+        )
+        run_demo(server.url, plan, typer.echo)
+        if keep_serving:
+            typer.echo(f"steptally: still serving on {server.url}; Ctrl-C stops")
+            server.wait()
 
 
 def _safe(url: str) -> str:
