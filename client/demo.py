@@ -102,7 +102,7 @@ def _rank(
             fragments = []
             for batch in batches(step):
                 loss, f = loss_fn(batch)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 fragments.append(f)
             late = plan.late_every and step % plan.late_every == plan.late_every - 1
             if late and rank == plan.ranks - 1:  # this rank's report arrives after the timeout

@@ -146,16 +146,32 @@ def _other_value(name: str, v: object) -> float | None:
 
 
 def _tensor_value(name: str, v: Any, torch: Any) -> float | None:
-    if v.numel() != 1:
-        raise FragmentError(
-            f"metric {name!r}: a tensor value must hold exactly one element (0-d or "
-            f"1-element), not shape {tuple(v.shape)}; reduce it to a scalar first"
-        )
-    if v.dtype == torch.bool or v.is_complex():
-        raise FragmentError(f"metric {name!r}: a {v.dtype} tensor is not a real number")
-    if v.device.type == "cuda":
+    if v.is_cuda:
+        if v.numel() != 1:
+            raise _shape_error(name, v)
+        if v.dtype == torch.bool or v.is_complex():
+            raise _dtype_error(name, v)
         return None
-    return float(v.detach().reshape(()).item())
+    try:
+        x = v.item()  # a host tensor: no device to wait for
+    except RuntimeError:
+        raise _shape_error(name, v) from None
+    if type(x) is float:
+        return x
+    if type(x) is int:
+        return _int_value(name, x)
+    raise _dtype_error(name, v)
+
+
+def _shape_error(name: str, v: Any) -> FragmentError:
+    return FragmentError(
+        f"metric {name!r}: a tensor value must hold exactly one element (0-d or "
+        f"1-element), not shape {tuple(v.shape)}; reduce it to a scalar first"
+    )
+
+
+def _dtype_error(name: str, v: Any) -> FragmentError:
+    return FragmentError(f"metric {name!r}: a {v.dtype} tensor is not a real number")
 
 
 def _stage(tensors: list[Any], indices: list[int]) -> _Staged:

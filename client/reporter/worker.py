@@ -28,6 +28,7 @@ from steptally.client.reporter.stats import Counters
 from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
+YIELD_EVERY = 32  # queue items the batcher handles between offers of the GIL
 
 
 class Worker:
@@ -144,8 +145,10 @@ class Worker:
         while True:
             stopping = self._stop.is_set()
             gen = self._flush_gen
-            for item in self.intake.drain():
+            for i, item in enumerate(self.intake.drain(), 1):
                 self._take(item)
+                if i % YIELD_EVERY == 0:
+                    time.sleep(0)  # hand the GIL to the training thread if it waits
             now = time.monotonic()
             if self.batcher.due(now) or gen != self._served_gen or stopping:
                 self._ship()
@@ -177,6 +180,7 @@ class Worker:
         parcel = self.batcher.cut()
         if parcel is None:
             return
+        time.sleep(0)  # encoding held the GIL for a while: let the training thread in
         placed = self.outbox.put(parcel)
         if placed is Placed.SPOOL:
             self.counters.add(spooled=parcel.fragments)
@@ -234,6 +238,7 @@ class Worker:
 
     def _deliver(self, parcel: Parcel, body: bytes) -> None:
         answer = self.sender.post(body, parcel.headers())
+        time.sleep(0)
         if answer.outcome is Outcome.OK:
             self._done(parcel)
             self.counters.add(sent=parcel.fragments)
