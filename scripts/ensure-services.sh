@@ -38,7 +38,4 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
 fi
 
 command -v prometheus >/dev/null || apt_install prometheus
-if [ -n "${STEPTALLY_BROWSER_TESTS:-1}" ] && ! command -v chromedriver >/dev/null; then
-    apt_install chromium chromium-driver || echo "ensure-services: chromium not installed" >&2
-fi
 echo "ensure-services: PostgreSQL, Redis and prometheus are ready"
