@@ -82,6 +82,28 @@ def check_step(step: object) -> int:
     return step
 
 
+_FLOATS = {float}
+
+
+class Capture:
+    """``capture`` for one spec, with a fast path for the common case: a dict of floats."""
+
+    def __init__(self, kinds: Mapping[str, Kind]) -> None:
+        self.kinds = dict(kinds)
+        self.names = frozenset(kinds)
+        self.counts = frozenset(n for n, k in kinds.items() if k is Kind.COUNT)
+
+    def __call__(self, step: int, fragments: Mapping[str, object]) -> Entry:
+        if type(fragments) is dict and fragments and fragments.keys() <= self.names:
+            values = list(fragments.values())
+            if set(map(type, values)) == _FLOATS:  # all checks at C speed
+                for name in self.counts.intersection(fragments) if self.counts else ():
+                    if not _is_count(fragments[name]):
+                        raise FragmentError(_count_message(name, fragments[name]))
+                return Entry(step, tuple(fragments), values)
+        return capture(step, fragments, self.kinds)
+
+
 def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind]) -> Entry:
     """Check and convert one fragment; raises :class:`FragmentError` on a programming error."""
     if not isinstance(fragments, Mapping) or not fragments:
@@ -91,6 +113,7 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
     names = tuple(fragments)
     values: list[float] = []
     device: list[int] = []
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
     for name, v in fragments.items():
         kind = kinds.get(name)
         if kind is None:
@@ -100,6 +123,8 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             x: float = v  # type: ignore[assignment]
         elif t is int:
             x = _int_value(name, v)  # type: ignore[arg-type]
+        elif t is tensor and not v.is_cuda:  # type: ignore[attr-defined]
+            x = _host_tensor_value(name, v)
         else:
             got = _other_value(name, v)
             if got is None:
@@ -152,6 +177,10 @@ def _tensor_value(name: str, v: Any, torch: Any) -> float | None:
         if v.dtype == torch.bool or v.is_complex():
             raise _dtype_error(name, v)
         return None
+    return _host_tensor_value(name, v)
+
+
+def _host_tensor_value(name: str, v: Any) -> float:
     try:
         x = v.item()  # a host tensor: no device to wait for
     except RuntimeError:
@@ -175,19 +204,29 @@ def _dtype_error(name: str, v: Any) -> FragmentError:
 
 
 def _stage(tensors: list[Any], indices: list[int]) -> _Staged:
-    """Copy device scalars to pinned host memory without waiting, and record an event."""
+    """Copy device scalars to pinned host memory without waiting, and record an event.
+
+    One stacked copy and one event per device; under ``no_grad`` so that nothing kept
+    alive here holds on to an autograd graph.
+    """
     torch = sys.modules["torch"]
-    groups: dict[Any, tuple[list[int], list[Any]]] = {}
-    for i, t in zip(indices, tensors, strict=True):
-        group = groups.setdefault(t.device, ([], []))
-        group[0].append(i)
-        group[1].append(t.detach().reshape(()).to(torch.float64))
-    parts = []
-    for dev, (idx, ts) in groups.items():
-        source = torch.stack(ts)
-        host = torch.empty(len(ts), dtype=torch.float64, pin_memory=True)
-        host.copy_(source, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(dev))
-        parts.append((idx, host, event, source))
+    f64 = torch.float64
+    groups: dict[int, tuple[list[int], list[Any]]] = {}
+    with torch.no_grad():
+        for i, t in zip(indices, tensors, strict=True):
+            group = groups.get(t.get_device())
+            if group is None:
+                group = groups[t.get_device()] = ([], [])
+            group[0].append(i)
+            if t.dim():
+                t = t.reshape(())
+            group[1].append(t if t.dtype == f64 else t.to(f64))
+        parts = []
+        for device, (idx, ts) in groups.items():
+            source = torch.stack(ts)
+            host = torch.empty(len(ts), dtype=f64, pin_memory=True)
+            host.copy_(source, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            parts.append((idx, host, event, source))
     return _Staged(parts)

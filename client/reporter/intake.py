@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from steptally.client.reporter.batcher import entry_bytes
+from steptally.client.reporter.batcher import ENTRY_OVERHEAD
 from steptally.client.reporter.capture import Entry
 from steptally.client.reporter.errors import FragmentError
 from steptally.client.wire import Commit
@@ -52,7 +52,7 @@ class Intake:
 
     def put(self, entry: Entry) -> bool:
         """Number and queue ``entry``; False when the queue is full and it was dropped."""
-        nbytes = entry_bytes(entry)
+        nbytes = 8 * len(entry.values) + ENTRY_OVERHEAD
         with self.lock:
             step = entry.step
             if step in self._committed:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from steptally.client.algebra import MetricSpec
-from steptally.client.reporter.capture import capture, check_step
+from steptally.client.reporter.capture import Capture, check_step
 from steptally.client.reporter.errors import ReporterClosed
 from steptally.client.reporter.identity import resolve_identity
 from steptally.client.reporter.intake import Intake
@@ -71,7 +71,7 @@ class Reporter:
         options = options or ReporterOptions()
         self.url, self.run, self.spec = url, run, spec
         self.rank, self.world_size = identity.rank, identity.world_size
-        self._kinds = dict(spec.metrics)
+        self._capture = Capture(spec.metrics)
         registration = {
             "name": run,
             "world_size": self.world_size,
@@ -109,7 +109,9 @@ class Reporter:
         """
         if self._closed:
             raise ReporterClosed("log() after close(); create a new Reporter")
-        entry = capture(check_step(step), fragments, self._kinds)
+        if type(step) is not int or step < 0:
+            step = check_step(step)
+        entry = self._capture(step, fragments)
         worker = self._worker
         if not worker.started:
             worker.start()

@@ -1,0 +1,230 @@
+"""Reporter benchmark: time on the training thread per step, against an all-reduce.
+
+Each of RANKS local processes (spawned) plays a training rank. Per step it logs
+MICROBATCHES fragments of METRICS values with ``Reporter.log()`` and then calls
+``commit()``; the clock measures only the calling (training) thread. Between steps
+the rank does GAP_MS of CPU matrix products (the rest of a training step), so that the
+CPU stays busy as in training. The reporters post over real sockets to a minimal HTTP
+stub in the parent process that answers 200 at once (a stand-in for a remote service;
+the service itself is benchmarked by ingest.py), so their background threads do their
+real work (batching, encoding, gzip, HTTP) on the same CPUs as the training threads.
+
+Anchor, measured in the same run by the same processes: what the reporter replaces,
+a ``torch.distributed.all_reduce`` (gloo) of the same METRICS values per microbatch,
+and, more favourable to the anchor, one all-reduce of all METRICS × MICROBATCHES values
+per step.
+
+Usage:
+    python bench/reporter_log.py [--ranks 8] [--steps 300] [--metrics 32] [--microbatches 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _compute(ms: float) -> None:
+    """The rest of a training step: CPU matrix products for about ``ms`` milliseconds."""
+    import torch
+
+    a = torch.rand(96, 96)
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        a = torch.mm(a, a).clamp_(-1, 1)
+
+
+def _time_reporter(
+    args: argparse.Namespace, rank: int, url: str, tensors: bool
+) -> dict[str, list[float]]:
+    import torch
+
+    from steptally.client.reporter import Reporter
+
+    names = [f"m{i:02d}" for i in range(args.metrics)]
+    spec = {"metrics": {n: "sum" for n in names}}
+    calls: list[float] = []
+    steps: list[float] = []
+    clock = time.perf_counter_ns
+    with (
+        tempfile.TemporaryDirectory() as spool,
+        Reporter(
+            url,
+            run="bench",
+            spec=spec,
+            rank=rank,
+            world_size=args.ranks,
+            spool_dir=spool,
+        ) as reporter,
+    ):
+        for step in range(args.warmup + args.steps):
+            rows = []
+            for mb in range(args.microbatches):
+                row: dict[str, Any] = {n: float(step * 1000 + mb + i) for i, n in enumerate(names)}
+                if tensors:
+                    row = {n: torch.tensor(v, dtype=torch.float64) for n, v in row.items()}
+                rows.append(row)
+            total = 0
+            for row in rows:
+                t0 = clock()
+                reporter.log(step, row)
+                dt = clock() - t0
+                total += dt
+                if step >= args.warmup:
+                    calls.append(dt / 1e3)
+            t0 = clock()
+            reporter.commit(step)
+            total += clock() - t0
+            if step >= args.warmup:
+                steps.append(total / 1e3)
+            _compute(args.gap_ms)
+        assert reporter.flush(60), reporter.stats()
+    return {"call": calls, "step": steps}
+
+
+def _time_all_reduce(args: argparse.Namespace, fused: bool) -> dict[str, list[float]]:
+    import torch
+    import torch.distributed as dist
+
+    calls: list[float] = []
+    steps: list[float] = []
+    clock = time.perf_counter_ns
+    width = args.metrics * (args.microbatches if fused else 1)
+    per_step = 1 if fused else args.microbatches
+    for step in range(args.warmup + args.steps):
+        total = 0
+        for _ in range(per_step):
+            values = torch.full((width,), float(step), dtype=torch.float64)
+            t0 = clock()
+            dist.all_reduce(values)
+            dt = clock() - t0
+            total += dt
+            if step >= args.warmup:
+                calls.append(dt / 1e3)
+        if step >= args.warmup:
+            steps.append(total / 1e3)
+        _compute(args.gap_ms)
+    return {"call": calls, "step": steps}
+
+
+class _Stub:
+    """A minimal HTTP server answering every POST with 200, on a thread of the parent."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _rank(rank: int, args: argparse.Namespace, port: int, url: str, out: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Failed to initialize NumPy")
+        import torch
+        import torch.distributed as dist
+    torch.set_num_threads(1)  # ranks share the CPUs: no spinning intra-op thread pools
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks
+    )
+    results = {}
+    for name, run in [
+        ("log() floats", lambda: _time_reporter(args, rank, url, tensors=False)),
+        ("log() cpu tensors", lambda: _time_reporter(args, rank, url, tensors=True)),
+        ("all_reduce per microbatch", lambda: _time_all_reduce(args, fused=False)),
+        ("all_reduce once per step", lambda: _time_all_reduce(args, fused=True)),
+    ]:
+        dist.barrier()
+        results[name] = run()
+    dist.barrier()
+    dist.destroy_process_group()
+    out.put((rank, results))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--metrics", type=int, default=32)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--gap-ms", type=float, default=20.0, help="CPU work between steps")
+    args = p.parse_args()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    stub = _Stub()
+    procs = [
+        ctx.Process(target=_rank, args=(r, args, port, stub.url, out)) for r in range(args.ranks)
+    ]
+    for proc in procs:
+        proc.start()
+    merged: dict[str, dict[str, list[float]]] = {}
+    for _ in procs:
+        _, results = out.get(timeout=1800)
+        for name, samples in results.items():
+            for key, xs in samples.items():
+                merged.setdefault(name, {}).setdefault(key, []).extend(xs)
+    for proc in procs:
+        proc.join()
+    stub.close()
+    _print_table(args, merged)
+
+
+def _print_table(args: argparse.Namespace, merged: dict[str, dict[str, list[float]]]) -> None:
+    print(
+        f"{args.ranks} ranks × {args.microbatches} microbatches × {args.metrics} metrics, "
+        f"{args.steps} steps, {args.gap_ms:g} ms of CPU work between steps, "
+        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
+    )
+    anchor = statistics.median(merged["all_reduce per microbatch"]["step"])
+    header = f"{'training thread':28} {'call p50':>10} {'call p99':>10} {'step p50':>10} "
+    print(header + f"{'step p99':>10} {'anchor/this (step p50)':>24}")
+    for name, s in merged.items():
+        step_p50 = statistics.median(s["step"])
+        print(
+            f"{name:28} {statistics.median(s['call']):9.1f}µ {_quantile(s['call'], 0.99):9.1f}µ "
+            f"{step_p50:9.1f}µ {_quantile(s['step'], 0.99):9.1f}µ {anchor / step_p50:23.1f}×"
+        )
+
+
+if __name__ == "__main__":
+    main()
