@@ -103,6 +103,37 @@ def _time_reporter(
     return {"call": calls, "step": steps}
 
 
+def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
+    """What any Python code that looks at every value once costs on this thread."""
+    names = [f"m{i:02d}" for i in range(args.metrics)]
+    calls: list[float] = []
+    steps: list[float] = []
+    clock = time.perf_counter_ns
+    kept: list[list[float]] = []
+
+    def touch(row: dict[str, float]) -> None:
+        kept.append([v for v in row.values() if type(v) is float])
+
+    for step in range(args.warmup + args.steps):
+        rows = [
+            {n: float(step * 1000 + mb + i) for i, n in enumerate(names)}
+            for mb in range(args.microbatches)
+        ]
+        total = 0
+        for row in rows:
+            t0 = clock()
+            touch(row)
+            dt = clock() - t0
+            total += dt
+            if step >= args.warmup:
+                calls.append(dt / 1e3)
+        if step >= args.warmup:
+            steps.append(total / 1e3)
+        kept.clear()
+        _compute(args.gap_ms)
+    return {"call": calls, "step": steps}
+
+
 def _time_all_reduce(args: argparse.Namespace, fused: bool) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
@@ -169,6 +200,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, url: str, out: Any) ->
     for name, run in [
         ("log() floats", lambda: _time_reporter(args, rank, url, tensors=False)),
         ("log() cpu tensors", lambda: _time_reporter(args, rank, url, tensors=True)),
+        ("floor: list of the values", lambda: _time_floor(args)),
         ("all_reduce per microbatch", lambda: _time_all_reduce(args, fused=False)),
         ("all_reduce once per step", lambda: _time_all_reduce(args, fused=True)),
     ]:
