@@ -133,6 +133,8 @@ class Reporter:
 
         True when it was; False after ``timeout`` seconds with data still waiting.
         """
+        if self._closed:
+            return self._worker.queued() == 0
         return self._worker.flush(timeout)
 
     def close(self, timeout: float | None = None) -> bool:

@@ -29,6 +29,7 @@ from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
 YIELD_EVERY = 32  # queue items the batcher handles between offers of the GIL
+DOWN_CLOSE_S = 1.0  # how long close() waits for a service that is not answering
 
 
 class Worker:
@@ -115,7 +116,13 @@ class Worker:
             return self._progress.wait_for(lambda: self._settled >= target, timeout)
 
     def close(self, timeout: float | None) -> bool:
-        """Flush, stop both threads, and leave whatever is undelivered in the spool."""
+        """Flush, stop both threads, and leave whatever is undelivered in the spool.
+
+        While the service is not answering there is no point in waiting long: what is
+        waiting is spooled, and the next reporter of this run and rank sends it.
+        """
+        if self._down:
+            timeout = DOWN_CLOSE_S if timeout is None else min(timeout, DOWN_CLOSE_S)
         done = self.flush(timeout)
         self._stop.set()
         self.intake.wake.set()

@@ -216,3 +216,19 @@ def test_memory_of_a_reporter_is_bounded_while_down(tmp_path: Path) -> None:
         service.down = False
         assert reporter.flush(10)
     assert len(service.fragments) == 200
+
+
+def test_close_while_the_service_is_down_is_quick_and_keeps_everything(tmp_path: Path) -> None:
+    service = FakeService()
+    service.down = True
+    spool = tmp_path / "spool"
+    reporter = make(service, spool)
+    log_steps(reporter, range(3))
+    deadline = time.monotonic() + 5
+    while reporter.stats().retried == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert not reporter.close(timeout=30)
+    assert time.monotonic() - t0 < 5  # not the 30 s asked for: the spool holds it all
+    assert sum(int(name.split("-")[2][:-1]) for name in files(spool)) == 12
+    assert not reporter.flush(1)  # closed with data left: nothing more will be sent
