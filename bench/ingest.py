@@ -3,24 +3,30 @@
 A step of RANKS ranks × MICROBATCHES microbatches × METRICS metrics is posted to a
 real `steptally serve` subprocess in the compact form, one body per rank (its
 microbatches of STEPS_PER_BATCH steps and the commits), from CONCURRENCY client
-threads. Bodies are encoded before the clock starts. The last rank's commit of the
-last step is held back and sent alone: its round trip is the finalise latency (the
-step is combined, evaluated and stored inside that request).
+threads. Bodies are encoded before the clock starts; each row is the best of REPEAT
+posts of STEPS fresh steps. Finalise latency: everything of a step but the last rank's
+commit is posted, then that commit alone is timed (the step is combined, evaluated and
+stored inside that request); the median of three.
 
-Anchors, measured in the same run on the same machine:
-  * http floor: the same number of requests to GET /healthz (what FastAPI, uvicorn and
-    httpx cost with no work at all);
-  * sql floor: a bare executemany INSERT of the same number of fragment rows with the
-    same blob sizes into a scratch table (what the database costs with no logic).
+Anchors, measured in the same run on the same machine, as ratios (× floor = ingest
+time over floor time; 1.00 would be ingest at no cost beyond the floor):
+  * http floor: as many GET /healthz as there were bodies, at the same concurrency
+    (what FastAPI, uvicorn and httpx cost with no work at all);
+  * sql floor: as many transactions as there were bodies, each a bare executemany
+    INSERT of one body's fragment rows (same blob size) into a scratch table, at the
+    same concurrency, on an engine configured like the service's (SQLite: WAL,
+    synchronous=FULL) — what a durable commit per body costs with no logic.
 
 Usage:
-    python bench/ingest.py --db sqlite
-    python bench/ingest.py --db postgres
+    python bench/ingest.py --db sqlite                       # steps/body 1 and 8
+    python bench/ingest.py --db postgres --steps-per-batch 1 2 4 8
+    python bench/ingest.py --db postgres --workers 2         # steptally serve --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import socket
@@ -39,6 +45,7 @@ import orjson
 import sqlalchemy as sa
 
 from steptally.client.wire import Commit, FragmentBatch, encode_columnar
+from steptally.service.store.engine import make_engine, transaction
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -69,12 +76,13 @@ def database(kind: str) -> Iterator[str]:
 
 
 @contextmanager
-def server(url: str) -> Iterator[str]:
+def server(url: str, workers: int = 1) -> Iterator[str]:
     exe = [sys.executable, "-m", "steptally.service.cli"]
     subprocess.run([*exe, "migrate", "--database-url", url], check=True, capture_output=True)
     port = free_port()
     proc = subprocess.Popen(
-        [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--port", str(port)],
+        [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--port", str(port)]
+        + (["--workers", str(workers)] if workers > 1 else []),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -137,31 +145,68 @@ def http_floor(client: httpx.Client, base: str, n: int, workers: int) -> float:
     return time.perf_counter() - t0
 
 
-def sql_floor(url: str, rows: int, width: int) -> float:
-    engine = sa.create_engine(url)
+def sql_floor(url: str, transactions: int, rows: int, width: int, workers: int) -> float:
+    """``transactions`` bare inserts of ``rows`` fragment-sized rows each, from ``workers``
+    threads, on an engine configured like the service's (SQLite: WAL, synchronous=FULL)."""
+    engine = make_engine(url)
     meta = sa.MetaData()
     table = sa.Table(
         "bench_floor",
         meta,
-        sa.Column("step", sa.BigInteger, primary_key=True),
-        sa.Column("rank", sa.Integer, primary_key=True),
+        sa.Column("txn", sa.BigInteger, primary_key=True),
         sa.Column("seq", sa.Integer, primary_key=True),
         sa.Column("payload", sa.LargeBinary),
     )
     meta.create_all(engine)
     blob = os.urandom(8 * width)
-    params = [
-        {"step": i // 2048, "rank": (i // 8) % 256, "seq": i % 8, "payload": blob}
-        for i in range(rows)
-    ]
+
+    def insert(txn: int) -> None:
+        with transaction(engine, write=True) as c:
+            c.execute(
+                table.insert(), [{"txn": txn, "seq": i, "payload": blob} for i in range(rows)]
+            )
+
     t0 = time.perf_counter()
-    for start in range(0, rows, 8):
-        with engine.begin() as c:
-            c.execute(table.insert(), params[start : start + 8])
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(insert, range(transactions)))
     elapsed = time.perf_counter() - t0
     meta.drop_all(engine)
     engine.dispose()
     return elapsed
+
+
+def finalise_ms(client: httpx.Client, base: str, args: argparse.Namespace, step: int) -> float:
+    """Everything of ``step`` but the last rank's commit, then that commit alone, timed."""
+    names = list(spec(args.metrics)["metrics"])
+    frag_url = f"{base}/v1/runs/bench/fragments"
+    last = bodies(args, names, range(step, step + 1))
+    held = orjson.loads(last[-1])
+    commit = held.pop("commits")
+    post_all(client, frag_url, [*last[:-1], orjson.dumps(held)], args.concurrency)
+    t0 = time.perf_counter()
+    client.post(frag_url, json={"commits": commit}).raise_for_status()
+    elapsed = time.perf_counter() - t0
+    status = client.get(f"{base}/v1/runs/bench/steps/{step}").json()["status"]
+    assert status == "complete", status
+    return elapsed * 1000
+
+
+def measure(
+    client: httpx.Client, base: str, args: argparse.Namespace, per_body: int, first: int
+) -> tuple[float, int]:
+    """Best of ``args.repeat`` timed posts of ``args.steps`` fresh steps; returns the
+    seconds and the number of bodies of one post."""
+    names = list(spec(args.metrics)["metrics"])
+    best, count = math.inf, 0
+    for r in range(args.repeat):
+        base_step = first + r * args.steps
+        payloads: list[bytes] = []
+        for s in range(base_step, base_step + args.steps, per_body):
+            span = range(s, min(s + per_body, base_step + args.steps))
+            payloads.extend(bodies(args, names, span))
+        elapsed = post_all(client, f"{base}/v1/runs/bench/fragments", payloads, args.concurrency)
+        best, count = min(best, elapsed), len(payloads)
+    return best, count
 
 
 def main() -> None:
@@ -170,13 +215,20 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--metrics", type=int, default=32)
-    p.add_argument("--steps", type=int, default=4, help="steps measured")
-    p.add_argument("--steps-per-batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8, help="steps per timed post")
+    p.add_argument(
+        "--steps-per-batch", type=int, nargs="+", default=[1, 8], help="steps in one body"
+    )
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3, help="timed posts per row; the best counts")
+    p.add_argument("--workers", type=int, default=1, help="steptally serve --workers")
     args = p.parse_args()
-    names = list(spec(args.metrics)["metrics"])
-    values = args.ranks * args.microbatches * args.metrics * args.steps
-    with database(args.db) as url, server(url) as base, httpx.Client(timeout=120) as client:
+    rows = []
+    with (
+        database(args.db) as url,
+        server(url, args.workers) as base,
+        httpx.Client(timeout=120) as client,
+    ):
         run = {
             "name": "bench",
             "world_size": args.ranks,
@@ -184,44 +236,40 @@ def main() -> None:
             **spec(args.metrics),
         }
         client.post(f"{base}/v1/runs", json=run).raise_for_status()
-        frag_url = f"{base}/v1/runs/bench/fragments"
-        warm = bodies(args, names, range(1000, 1001))
-        post_all(client, frag_url, warm, args.concurrency)
+        names = list(run["metrics"])
+        warm = bodies(args, names, range(10**6, 10**6 + 2))
+        post_all(client, f"{base}/v1/runs/bench/fragments", warm, args.concurrency)
+        first = 0
+        for per_body in args.steps_per_batch:
+            elapsed, count = measure(client, base, args, per_body, first)
+            first += args.repeat * args.steps
+            fin = sorted(finalise_ms(client, base, args, 2 * 10**6 + first + i) for i in range(3))
+            http = min(http_floor(client, base, count, args.concurrency) for _ in range(2))
+            rows.append((per_body, count, elapsed, fin[1], http))
+    values = args.ranks * args.microbatches * args.metrics * args.steps
+    print(
+        f"\n{args.db}, {args.ranks} ranks × {args.microbatches} microbatches × {args.metrics} "
+        f"metrics, {values} values per post, concurrency {args.concurrency}, "
+        f"workers {args.workers}, best of {args.repeat}\n"
+    )
+    print("| db | steps/body | bodies | values/s | × http floor | × sql floor | finalise ms |")
+    print("|---|---|---|---|---|---|---|")
+    for per_body, count, elapsed, fin, http in rows:
+        with database(args.db) as url:
+            frags = args.microbatches * per_body
+            sql = min(
+                sql_floor(url, count, frags, args.metrics, args.concurrency) for _ in range(2)
+            )
         print(
-            f"encoding {args.steps} steps of {args.ranks}×{args.microbatches}×{args.metrics}",
+            f"| {args.db} | {per_body} | {count} | {values / elapsed:,.0f} | {elapsed / http:.2f} "
+            f"| {elapsed / sql:.2f} | {fin:.0f} |",
+            flush=True,
+        )
+        print(
+            f"  (http floor {http:.2f}s = {values / http:,.0f} values/s; sql floor {sql:.2f}s "
+            f"= {values / sql:,.0f} values/s; ingest {elapsed:.2f}s)",
             file=sys.stderr,
         )
-        payloads: list[bytes] = []
-        for first in range(0, args.steps, args.steps_per_batch):
-            span = range(first, min(first + args.steps_per_batch, args.steps))
-            payloads.extend(bodies(args, names, span))
-        print(f"posting {len(payloads)} bodies", file=sys.stderr)
-        elapsed = post_all(client, frag_url, payloads, args.concurrency)
-        # finalise latency: everything of one step but the last rank's commit
-        last = bodies(args, names, range(2000, 2001))
-        held = orjson.loads(last[-1])
-        commit = held.pop("commits")
-        post_all(client, frag_url, [*last[:-1], orjson.dumps(held)], args.concurrency)
-        t0 = time.perf_counter()
-        client.post(frag_url, json={"commits": commit}).raise_for_status()
-        finalise = time.perf_counter() - t0
-        status = client.get(f"{base}/v1/runs/bench/steps/2000").json()["status"]
-        assert status == "complete", status
-        http = http_floor(client, base, len(payloads), args.concurrency)
-    floor_rows = len(payloads) * args.microbatches * args.steps_per_batch
-    with database(args.db) as url:
-        sql = sql_floor(url, floor_rows, args.metrics)
-    rate = values / elapsed
-    print("\n| db | values | seconds | values/s | vs http floor | vs sql floor | finalise ms |")
-    print("|---|---|---|---|---|---|---|")
-    print(
-        f"| {args.db} | {values} | {elapsed:.2f} | {rate:,.0f} | {elapsed / http:.1f}× "
-        f"| {elapsed / sql:.1f}× | {finalise * 1000:.0f} |"
-    )
-    print(
-        f"\nhttp floor: {len(payloads)} GET /healthz in {http:.2f}s; "
-        f"sql floor: {floor_rows} rows in {sql:.2f}s"
-    )
 
 
 if __name__ == "__main__":

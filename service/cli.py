@@ -1,7 +1,7 @@
 """The ``steptally`` command: ``migrate``, ``serve`` and ``demo``.
 
     steptally migrate [--database-url URL]
-    steptally serve   [--database-url URL] [--host H] [--port P]
+    steptally serve   [--database-url URL] [--host H] [--port P] [--workers N]
     steptally demo    [--url URL | --serve] [--steps N] [--ranks N]
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
@@ -10,6 +10,7 @@ Options fall back to the ``STEPTALLY_*`` environment variables of
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -49,8 +50,16 @@ def serve(
     database_url: DatabaseUrl = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Server processes (all share the database).")
+    ] = 1,
 ) -> None:
-    """Run the aggregation service (refuses an unmigrated database)."""
+    """Run the aggregation service (refuses an unmigrated database).
+
+    With ``--workers N`` uvicorn runs N processes, each building its own app from the
+    same settings; SQL stays the only source of truth and a step is finalised under
+    its row lock, so any number of processes answer alike.
+    """
     import uvicorn
 
     from steptally.service.app import create_app
@@ -66,7 +75,21 @@ def serve(
         raise typer.Exit(2) from None
     finally:
         engine.dispose()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    if workers == 1:
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, log_level="warning"
+        )
+        return
+    # each worker process reads its settings from the environment
+    os.environ.update({f"STEPTALLY_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
+    uvicorn.run(
+        "steptally.service.app:create_app",
+        factory=True,
+        workers=workers,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+    )
 
 
 @app.command()

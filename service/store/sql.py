@@ -3,11 +3,19 @@
 SQL is the single durable source of truth. Nothing is cached here across
 transactions, so a restart (even ``kill -9``) loses nothing acknowledged and any
 number of instances over one database answer alike.
+
+On SQLite one writer holds the database at a time: the writers of one store queue
+on a lock of their own and take turns at once, instead of polling SQLite's busy
+handler (which sleeps for milliseconds). Other processes still meet the busy timeout.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, select
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
 
 from steptally.service.domain.batch import PreparedBatch
@@ -33,6 +41,10 @@ class SqlStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        sqlite = engine.dialect.name == "sqlite"
+        self._writers: contextlib.AbstractContextManager[object] = (
+            threading.Lock() if sqlite else contextlib.nullcontext()
+        )
 
     @classmethod
     def from_url(cls, url: str) -> SqlStore:
@@ -40,6 +52,11 @@ class SqlStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._writers, transaction(self.engine, write=True) as conn:
+            yield conn
 
     def ping(self) -> None:
         with transaction(self.engine, write=False) as conn:
@@ -50,7 +67,7 @@ class SqlStore:
     def register_run(self, name: str, decide: Decide, now: float = 0.0) -> tuple[RunRecord, bool]:
         for attempt in range(2):
             try:
-                with transaction(self.engine, write=True) as conn:
+                with self._write() as conn:
                     existing = load_run(conn, name=name, lock=True)
                     draft = decide(existing)
                     return save_run(conn, existing, name, draft, now), existing is None
@@ -75,7 +92,7 @@ class SqlStore:
     # -- fragments and steps ----------------------------------------------------------
 
     def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
-        with transaction(self.engine, write=True) as conn:
+        with self._write() as conn:
 
             def reload() -> RunRecord:
                 return load_run(conn, run_id=run.id) or run
@@ -98,7 +115,7 @@ class SqlStore:
         return out
 
     def _finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
-        with transaction(self.engine, write=True) as conn:
+        with self._write() as conn:
             row = lock_step(conn, run_id, step)
             if row is None or row.status is not StepStatus.OPEN or row.deadline > now:
                 return None  # another instance got there first

@@ -2,26 +2,33 @@
 
 Order inside the transaction: lock (or create) the batch's step rows, which
 serialises every writer of those steps; bulk-insert fragments and commits with
-``ON CONFLICT DO NOTHING RETURNING``; classify only the keys that collided
+``ON CONFLICT DO NOTHING RETURNING``; read back the commits and top sequence
+numbers the checks need (the *probe*); classify only the keys that collided
 (duplicate or conflict); check declared counts against sequence numbers; update the
 step counters; finalise what is now complete, or what changed after a partial
 finalisation. Any error raises and rolls everything back.
+
+The probe and the final write are the only dialect-specific parts: on PostgreSQL
+they are pipelined (:mod:`.sql_postgres`), elsewhere they are plain statements.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import Connection
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.cells import Cell
 from steptally.service.domain.progress import StepStatus, is_complete
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
+from steptally.service.store import sql_postgres
 from steptally.service.store.base import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params, statements
-from steptally.service.store.sql_step import StepRow, finalise_row, lock_steps, write_steps
+from steptally.service.store.sql_step import Probe, StepRow, finalise_row, lock_steps, write_steps
 
 
 def ingest(
@@ -33,41 +40,83 @@ def ingest(
 ) -> IngestOutcome:
     """Store ``batch``; ``reload`` reads the run's current spec when a step is finalised."""
     sql = statements(conn.dialect.name)
-    steps = lock_steps(conn, run, batch.steps(), now)
-    new_frags = _insert_fragments(conn, sql, run, batch)
+    postgres = conn.dialect.name == "postgresql"
+    found = (sql_postgres.probe if postgres else _probe)(conn, run, batch, now)
+    steps, new_frags = found.steps, found.new_frags
+    if len(new_frags) < len(batch.fragments):
+        _classify_fragments(conn, sql, run, batch, set(batch.fragments) - set(new_frags))
     for key in new_frags:
         if steps[key[0]].status is StepStatus.COMPLETE:
             raise StepComplete(
                 f"step {key[0]} is complete; rank {key[1]} cannot add fragment {key[2]} to it",
                 batch.where(key),
             )
-    new_commits = _insert_commits(conn, sql, run, batch)
-    _check_fragments(conn, sql, run, batch, new_frags, set(new_commits), steps)
-    _check_commits(conn, sql, run, batch, new_commits, steps)
-    _count(steps, new_frags, {k: batch.commits[k] for k in new_commits})
+    _check_commit_collisions(batch, found)
+    _check_fragments(batch, found)
+    _check_commits(batch, found)
+    _count(steps, new_frags, {k: batch.commits[k] for k in found.new_commits})
     finalised = _finalise(conn, run, reload, steps.values(), now)
-    write_steps(conn, run.id, list(steps.values()))
+    (sql_postgres.write_and_commit if postgres else write_steps)(conn, run.id, [*steps.values()])
     return IngestOutcome(
         accepted=len(new_frags),
         duplicates=len(batch.fragments) - len(new_frags),
-        commits=len(new_commits),
+        commits=len(found.new_commits),
         finalised=finalised,
     )
 
 
-def _insert_fragments(
-    conn: Connection, sql: Statements, run: RunRecord, batch: PreparedBatch
-) -> list[FragmentKey]:
-    if not batch.fragments:
+def _probe(conn: Connection, run: RunRecord, batch: PreparedBatch, now: float) -> Probe:
+    """The probe as plain statements, reading only what the checks will use."""
+    sql = statements(conn.dialect.name)
+    steps = lock_steps(conn, run, batch.steps(), now)
+    new_frags = _insert(conn, sql.insert_fragments, run, batch.fragments, _fragment_row)
+    new_commits = _insert(conn, sql.insert_commits, run, batch.commits, _commit_row)
+    fresh = set(new_commits)
+    # a pair committed in this batch had no commit before; others may, if the step has any
+    wanted = (set(batch.commits) - fresh) | {
+        (s, r) for s, r, _ in new_frags if (s, r) not in fresh and steps[s].committed_ranks
+    }
+    declared = {k: batch.commits[k] for k in fresh}
+    if wanted:
+        for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, wanted)):
+            if (s, r) in wanted:
+                declared[(s, r)] = n
+    top_seq = {}
+    if fresh:
+        for s, r, top in conn.execute(sql.max_seq_of, keys_params(run.id, fresh)):
+            if (s, r) in fresh:
+                top_seq[(s, r)] = top
+    return Probe(steps, new_frags, new_commits, declared, top_seq)
+
+
+def _fragment_row(run_id: int, key: FragmentKey, cell: Cell) -> dict[str, Any]:
+    s, r, q = key
+    return {
+        "run_id": run_id,
+        "step": s,
+        "rank": r,
+        "seq": q,
+        "values_f64": cell[0],
+        "present": cell[1],
+    }
+
+
+def _commit_row(run_id: int, key: CommitKey, n: int) -> dict[str, Any]:
+    return {"run_id": run_id, "step": key[0], "rank": key[1], "fragments": n}
+
+
+def _insert(
+    conn: Connection,
+    stmt: Any,
+    run: RunRecord,
+    items: Mapping[Any, Any],
+    row: Callable[[int, Any, Any], dict[str, Any]],
+) -> list[Any]:
+    """Insert ``items`` with ``ON CONFLICT DO NOTHING``; the keys that were new."""
+    if not items:
         return []
-    params = [
-        {"run_id": run.id, "step": s, "rank": r, "seq": q, "values_f64": v, "present": p}
-        for (s, r, q), (v, p) in batch.fragments.items()
-    ]
-    inserted = [(s, r, q) for s, r, q in conn.execute(sql.insert_fragments, params)]
-    if len(inserted) < len(params):
-        _classify_fragments(conn, sql, run, batch, set(batch.fragments) - set(inserted))
-    return inserted
+    params = [row(run.id, k, v) for k, v in items.items()]
+    return [tuple(k) for k in conn.execute(stmt, params)]
 
 
 def _classify_fragments(
@@ -91,52 +140,28 @@ def _bytes(b: bytes | None) -> bytes | None:
     return None if b is None else bytes(b)
 
 
-def _insert_commits(
-    conn: Connection, sql: Statements, run: RunRecord, batch: PreparedBatch
-) -> list[CommitKey]:
-    if not batch.commits:
-        return []
-    params = [
-        {"run_id": run.id, "step": s, "rank": r, "fragments": n}
-        for (s, r), n in batch.commits.items()
-    ]
-    inserted = [(s, r) for s, r in conn.execute(sql.insert_commits, params)]
-    if len(inserted) < len(params):
-        collided = set(batch.commits) - set(inserted)
-        for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, collided)):
-            if (s, r) in collided and batch.commits[(s, r)] != n:
-                raise CommitConflict(
-                    f"rank {r} already committed step {s} with {n} fragments, not "
-                    f"{batch.commits[(s, r)]}; a commit is final",
-                    _commit_where(batch, (s, r)),
-                )
-    return inserted
+def _check_commit_collisions(batch: PreparedBatch, found: Probe) -> None:
+    """A commit already stored must declare the same count again."""
+    fresh = set(found.new_commits)
+    for key, n in batch.commits.items():
+        stored = found.declared.get(key)
+        if key not in fresh and stored is not None and stored != n:
+            s, r = key
+            raise CommitConflict(
+                f"rank {r} already committed step {s} with {stored} fragments, not "
+                f"{n}; a commit is final",
+                _commit_where(batch, key),
+            )
 
 
 def _commit_where(batch: PreparedBatch, key: CommitKey) -> str:
     return f"commits[{list(batch.commits).index(key)}]"
 
 
-def _check_fragments(
-    conn: Connection,
-    sql: Statements,
-    run: RunRecord,
-    batch: PreparedBatch,
-    new_frags: list[FragmentKey],
-    new_commits: set[CommitKey],
-    steps: dict[int, StepRow],
-) -> None:
+def _check_fragments(batch: PreparedBatch, found: Probe) -> None:
     """A new fragment of a committed rank must have ``seq`` below the declared count."""
-    declared = {k: batch.commits[k] for k in new_commits}
-    # a pair committed in this batch had no commit before; others may, if the step has any
-    earlier = {
-        (s, r) for s, r, _ in new_frags if (s, r) not in new_commits and steps[s].committed_ranks
-    }
-    if earlier:
-        for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, earlier)):
-            declared[(s, r)] = n
-    for s, r, q in new_frags:
-        n = declared.get((s, r))
+    for s, r, q in found.new_frags:
+        n = found.declared.get((s, r))
         if n is not None and q >= n:
             raise CommitConflict(
                 f"rank {r} committed step {s} with {n} fragments, so seq {q} cannot exist; "
@@ -145,26 +170,17 @@ def _check_fragments(
             )
 
 
-def _check_commits(
-    conn: Connection,
-    sql: Statements,
-    run: RunRecord,
-    batch: PreparedBatch,
-    new_commits: list[CommitKey],
-    steps: dict[int, StepRow],
-) -> None:
+def _check_commits(batch: PreparedBatch, found: Probe) -> None:
     """A new commit must count every fragment its rank sent (fragments of this batch
-    are already inserted, so one query sees them all)."""
-    if not new_commits:
-        return
-    wanted = set(new_commits)
-    for s, r, top in conn.execute(sql.max_seq_of, keys_params(run.id, wanted)):
-        n = batch.commits.get((s, r))
-        if (s, r) in wanted and n is not None and top >= n:
+    were inserted before the probe read the top sequence numbers)."""
+    for key in found.new_commits:
+        top, n = found.top_seq.get(key), batch.commits[key]
+        if top is not None and top >= n:
+            s, r = key
             raise CommitConflict(
                 f"rank {r} commits step {s} with {n} fragments, but fragment seq {top} "
                 "arrived; count every fragment sent",
-                _commit_where(batch, (s, r)),
+                _commit_where(batch, key),
             )
 
 

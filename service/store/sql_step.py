@@ -63,6 +63,21 @@ class StepRow:
         )
 
 
+@dataclass(slots=True)
+class Probe:
+    """What a batch's transaction knows after locking its steps and inserting its rows.
+
+    ``declared`` holds the stored commits (new or old) that the checks need, by
+    (step, rank); ``top_seq`` the highest stored ``seq`` of each newly committing pair.
+    """
+
+    steps: dict[int, StepRow]
+    new_frags: list[tuple[int, int, int]]
+    new_commits: list[tuple[int, int]]
+    declared: dict[tuple[int, int], int]
+    top_seq: dict[tuple[int, int], int]
+
+
 def lock_steps(
     conn: Connection, run: RunRecord, steps: Sequence[int], now: float
 ) -> dict[int, StepRow]:
