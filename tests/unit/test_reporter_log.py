@@ -162,7 +162,16 @@ def test_log_never_raises_when_delivery_fails(reporter: Reporter, service: FakeS
 def test_log_from_many_threads_numbers_every_fragment_once(
     reporter: Reporter, service: FakeService
 ) -> None:
-    threads, per_thread, steps = 8, 100, 3
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    try:
+        _log_from_threads(reporter, service)
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _log_from_threads(reporter: Reporter, service: FakeService) -> None:
+    threads, per_thread, steps = 8, 2000, 3
     barrier = threading.Barrier(threads)
 
     def work(t: int) -> None:
