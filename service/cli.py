@@ -121,7 +121,7 @@ def demo(
     settings = settings_with(database_url=database_url, port=port)
     with EmbeddedServer(settings) as server:
         typer.echo(
-            f"steptally: serving on {server.url}  (dashboard {server.url}/, "
+            f"steptally: serving on {server.url}  (runs {server.url}/v1/runs, "
             f"metrics {server.url}/metrics)"
         )
         run_demo(server.url, plan, typer.echo)
