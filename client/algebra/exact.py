@@ -36,18 +36,20 @@ def round_scaled(acc: int) -> float:
         return math.inf if acc > 0 else -math.inf
 
 
-def _exact_finite_sum(values: list[float]) -> int:
+def _exact_finite_sum(values: list[float], first: float | None = None) -> int:
     """Exact scaled sum of finite floats, at C speed for the common case.
 
     ``math.fsum`` returns the correctly rounded sum; subtracting it and summing
     again yields the rounded residual, until the residual is exactly zero. The
-    parts found are exact and few (usually one or two passes).
+    parts found are exact and few (usually one or two passes). ``first``, when
+    given, is ``math.fsum(values)`` already computed by the caller.
     """
     acc = 0
     work = list(values)
     try:
         while True:
-            part = math.fsum(work)
+            part = math.fsum(work) if first is None else first
+            first = None
             if part == 0.0:
                 return acc
             acc += scaled_int(part)
@@ -67,10 +69,12 @@ class SumState:
     neg_inf: int = 0
 
     def add_many(self, values: Sequence[float]) -> None:
+        total: float | None = None
         try:
-            clean = math.isfinite(math.fsum(values))
+            total = math.fsum(values)
+            clean = math.isfinite(total)
         except OverflowError:  # finite values whose partial sums left the float range
-            clean = True
+            clean, total = True, None
         except ValueError:  # both infinities
             clean = False
         if clean:
@@ -86,7 +90,7 @@ class SumState:
                     self.pos_inf += 1
                 else:
                     self.neg_inf += 1
-        self.acc += _exact_finite_sum(finite)
+        self.acc += _exact_finite_sum(finite, total if clean else None)
         self.n += len(values)
 
     def add(self, value: float) -> None:
