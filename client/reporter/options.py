@@ -57,6 +57,9 @@ def default_spool_dir(url: str, run: str, rank: int) -> Path:
     if cache:
         base = Path(cache)
     else:
-        home = Path.home() / ".cache"
+        try:
+            home = Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no home directory to be found
+            home = Path(tempfile.gettempdir()) / "nonexistent" / ".cache"
         base = home if os.access(home.parent, os.W_OK) else Path(tempfile.gettempdir())
     return base / "steptally" / "spool" / leaf

@@ -10,12 +10,15 @@ A parcel is dropped only when neither memory nor the spool has room for it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from enum import Enum
 
 from steptally.client.reporter.parcel import Parcel
 from steptally.client.reporter.spool import Spool
+
+log = logging.getLogger("steptally.reporter")
 
 
 class Placed(Enum):
@@ -110,14 +113,20 @@ class Outbox:
                         moved.append(parcel)
         return moved
 
-    def head(self, timeout: float) -> tuple[Parcel, bytes] | None:
-        """The oldest parcel and its body, waiting up to ``timeout`` for one."""
+    def head(self, timeout: float) -> tuple[Parcel, bytes | None] | None:
+        """The oldest parcel and its body (None if its spool file cannot be read),
+        waiting up to ``timeout`` for one."""
         with self._ready:
             if not self._parcels and not self._ready.wait_for(lambda: self._parcels, timeout):
                 return None
             parcel = self._parcels[0]
-            body = parcel.body if parcel.body is not None else self.spool.read(parcel)
-            return parcel, body
+            if parcel.body is not None:
+                return parcel, parcel.body
+            try:
+                return parcel, self.spool.read(parcel)
+            except OSError as exc:
+                log.error("steptally: cannot read the spooled batch %s: %s", parcel.path, exc)
+                return parcel, None
 
     def pop(self, parcel: Parcel) -> None:
         """Forget ``parcel`` (sent, or rejected for good) and its spool file."""

@@ -63,6 +63,7 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._down = False
+        self._next_line = time.monotonic() + (self.log_every_s or 0)
 
     # -- the calling side ------------------------------------------------------------
 
@@ -71,8 +72,10 @@ class Worker:
             if self.started:
                 return
             self.started = True
-            for name, target in (("batcher", self._batch_loop), ("sender", self._send_loop)):
-                thread = threading.Thread(target=target, name=f"steptally-{name}", daemon=True)
+            for name, once in (("batcher", self._batch_once), ("sender", self._send_once)):
+                thread = threading.Thread(
+                    target=self._loop, args=(name, once), name=f"steptally-{name}", daemon=True
+                )
                 thread.start()
                 self._threads.append(thread)
 
@@ -146,29 +149,39 @@ class Worker:
 
     # -- the batcher thread ------------------------------------------------------------
 
-    def _batch_loop(self) -> None:
-        poll = max(0.01, self.options.flush_interval_s / 2)
-        next_line = time.monotonic() + (self.log_every_s or 0)
+    def _loop(self, name: str, once: Callable[[], bool]) -> None:
+        """Run ``once`` until it returns False; an unexpected error is logged, not fatal."""
         while True:
-            stopping = self._stop.is_set()
-            gen = self._flush_gen
-            for i, item in enumerate(self.intake.drain(), 1):
-                self._take(item)
-                if i % YIELD_EVERY == 0:
-                    time.sleep(0)  # hand the GIL to the training thread if it waits
-            now = time.monotonic()
-            if self.batcher.due(now) or gen != self._served_gen or stopping:
-                self._ship()
-                self._served_gen = gen
-            if stopping:
-                return
-            if self.log_every_s and now >= next_line:
-                log.info("steptally: %s", self.counters.snapshot(self.queued()).line())
-                next_line = now + self.log_every_s
-            deadline = self.batcher.deadline()
-            wait = poll if deadline is None else min(poll, max(0.0, deadline - now))
-            self.intake.wake.wait(wait)
-            self.intake.wake.clear()
+            try:
+                if not once():
+                    return
+            except Exception as exc:
+                log.exception("steptally: unexpected error in the %s thread; it goes on", name)
+                self.counters.error(f"{name}: {type(exc).__name__}: {exc}")
+                if self._stop.wait(1.0):
+                    return
+
+    def _batch_once(self) -> bool:
+        stopping = self._stop.is_set()
+        gen = self._flush_gen
+        for i, item in enumerate(self.intake.drain(), 1):
+            self._take(item)
+            if i % YIELD_EVERY == 0:
+                time.sleep(0)  # hand the GIL to the training thread if it waits
+        now = time.monotonic()
+        if self.batcher.due(now) or gen != self._served_gen or stopping:
+            self._ship()
+            self._served_gen = gen
+        if stopping:
+            return False
+        if self.log_every_s and now >= self._next_line:
+            log.info("steptally: %s", self.counters.snapshot(self.queued()).line())
+            self._next_line = now + self.log_every_s
+        poll = max(0.01, self.options.flush_interval_s / 2)
+        deadline = self.batcher.deadline()
+        self.intake.wake.wait(poll if deadline is None else min(poll, max(0.0, deadline - now)))
+        self.intake.wake.clear()
+        return True
 
     def _take(self, item: Entry | Commit) -> None:
         now = time.monotonic()
@@ -211,17 +224,20 @@ class Worker:
 
     # -- the sender thread -------------------------------------------------------------
 
-    def _send_loop(self) -> None:
-        while not self._stop.is_set():
-            got = self.outbox.head(timeout=0.2)
-            if got is None:
-                continue
-            parcel, body = got
-            if self.counters.failed:
-                self._done(parcel)
-                self.counters.add(rejected=parcel.fragments)
-            elif self.registered or self._register():
-                self._deliver(parcel, body)
+    def _send_once(self) -> bool:
+        got = self.outbox.head(timeout=0.2)
+        if got is None:
+            return not self._stop.is_set()
+        parcel, body = got
+        if body is None:  # its spool file vanished or cannot be read
+            self._done(parcel)
+            self.counters.add(dropped=parcel.fragments)
+        elif self.counters.failed:
+            self._done(parcel)
+            self.counters.add(rejected=parcel.fragments)
+        elif self.registered or self._register():
+            self._deliver(parcel, body)
+        return not self._stop.is_set()
 
     def _done(self, parcel: Parcel) -> None:
         self.outbox.pop(parcel)
@@ -260,6 +276,7 @@ class Worker:
             self.registered = False
             self.counters.add(retried=1)
             log.warning("steptally: the service does not know the run; registering it again")
+            self._stop.wait(self.backoff.next())
         elif answer.outcome is Outcome.RETRY:
             self._retry(answer)
         else:
@@ -267,16 +284,15 @@ class Worker:
             self._reject(parcel.fragments, answer.message)
 
     def _retry(self, answer: Answer) -> None:
-        self.counters.add(retried=1)
-        self.counters.error(answer.message)
-        moved = self.outbox.spill()
-        self.counters.add(spooled=sum(p.fragments for p in moved))
         if not self._down:
-            self._down = True
             log.warning(
                 "steptally: the service is not answering (%s); spooling to %s and retrying",
                 answer.message,
                 self.outbox.spool.directory,
             )
+        self._down = True  # before the counters: whoever sees them sees this too
+        moved = self.outbox.spill()
+        self.counters.add(retried=1, spooled=sum(p.fragments for p in moved))
+        self.counters.error(answer.message)
         delay = self.backoff.next(answer.retry_after, self.options.max_retry_after_s)
         self._stop.wait(delay)
