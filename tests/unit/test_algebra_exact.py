@@ -197,3 +197,19 @@ def test_signed_zeros_are_ordered() -> None:
     assert low is not None and high is not None
     assert (low, math.copysign(1, low)) == (0.0, -1.0)
     assert (high, math.copysign(1, high)) == (0.0, 1.0)
+
+
+@given(st.lists(st.floats(), max_size=30), st.booleans())
+def test_bulk_extremes_equal_one_by_one(values: list[float], is_max: bool) -> None:
+    bulk, single = ExtremeState(is_max), ExtremeState(is_max)
+    bulk.add(1.0)
+    single.add(1.0)
+    bulk.add_many(values)
+    for v in values:
+        single.add(v)
+    assert (bulk.n, bulk.nan) == (single.n, single.nan)
+    a, b = bulk.value(), single.value()
+    assert a is not None and b is not None
+    assert (math.isnan(a) and math.isnan(b)) or (
+        a == b and math.copysign(1, a) == math.copysign(1, b)
+    )
