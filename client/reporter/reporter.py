@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +35,9 @@ from steptally.client.reporter.worker import Worker
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 GiB = 1 << 30
 
-_live: weakref.WeakSet[Reporter] = weakref.WeakSet()
+# Every open reporter, held strongly: one that the program dropped without close() is
+# still flushed at exit, and started afresh in a forked child.
+_live: set[Reporter] = set()
 
 
 class Reporter:

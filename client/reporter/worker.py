@@ -131,9 +131,9 @@ class Worker:
         self.intake.wake.set()
         for thread in self._threads:
             thread.join(timeout=1.0 if thread.name.endswith("batcher") else 0.0)
-        if not done:
-            moved = self.outbox.spill()
-            self.counters.add(spooled=sum(p.fragments for p in moved))
+        moved = self.outbox.spill()  # whatever the sender will not get to
+        self.counters.add(spooled=sum(p.fragments for p in moved))
+        if moved or not done:
             log.warning(
                 "steptally: closing with undelivered data; it stays in the spool "
                 "at %s for the next reporter of this run and rank",
