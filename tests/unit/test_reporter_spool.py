@@ -232,3 +232,20 @@ def test_close_while_the_service_is_down_is_quick_and_keeps_everything(tmp_path:
     assert time.monotonic() - t0 < 5  # not the 30 s asked for: the spool holds it all
     assert sum(int(name.split("-")[2][:-1]) for name in files(spool)) == 12
     assert not reporter.flush(1)  # closed with data left: nothing more will be sent
+
+
+def test_the_default_spool_is_in_the_cache_keyed_by_url_run_and_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from steptally.client.reporter.options import default_spool_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    here = default_spool_dir("http://a", "run-1", 3)
+    assert here.parent == tmp_path / "steptally" / "spool"
+    assert here.name.startswith("run-1-r3-")
+    assert here == default_spool_dir("http://a", "run-1", 3)
+    keys = [("http://b", "run-1", 3), ("http://a", "run-2", 3), ("http://a", "run-1", 4)]
+    others = {default_spool_dir(*key) for key in keys}
+    assert here not in others and len(others) == 3
+    with Reporter("http://a", run="run-1", spec=SPEC, rank=3, world_size=4) as reporter:
+        assert reporter.spool_dir == here
