@@ -1,0 +1,93 @@
+"""Loss → reporter → service → REST: the exact global means, end to end.
+
+Three ranks with uneven microbatches (one of them with an empty actor mask) compute the
+clipped policy-gradient loss; each rank's reporter posts the raw device fragments (the
+neutral ±inf extrema of the empty mask included) to a real ``steptally serve``. The
+step's REST values must equal, bit for bit, the exact algebra over the host values, and
+the diagnostics must be the single-pass global means over every token of the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from steptally.client.algebra import combine  # noqa: E402
+from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, fragments_to_host  # noqa: E402
+from steptally.client.loss.synthetic import synthetic_step, with_global_normalisers  # noqa: E402
+from steptally.client.loss.terms import compute_terms  # noqa: E402
+from steptally.client.reporter import Reporter  # noqa: E402
+from steptally.client.wire import encode_number  # noqa: E402
+
+pytestmark = pytest.mark.torch
+CONFIG = ClippedPGConfig(positive_example_nll_weight=0.1)
+
+
+def _ranks() -> list[list[Any]]:
+    ranks = synthetic_step(21, (3, 1, 2), sequences=5, max_len=40)
+    first = ranks[1][0]
+    filtered = torch.full_like(first.curr_logprobs, -math.inf)  # every token filtered
+    ranks[1].append(replace(first, curr_logprobs=filtered.requires_grad_()))
+    flat = iter(with_global_normalisers([b for rank in ranks for b in rank]))
+    return [[next(flat) for _ in rank] for rank in ranks]
+
+
+def test_loss_fragments_through_the_service_are_the_exact_global_means(
+    db_url: str, serve: Callable[..., Any], tmp_path: Path
+) -> None:
+    service = serve(db_url)
+    loss_fn = ClippedPGLoss(CONFIG)
+    ranks = _ranks()
+    host_fragments = []
+    for rank, batches in enumerate(ranks):
+        with Reporter(
+            service.url,
+            run="loss-e2e",
+            spec=loss_fn.metric_spec(),
+            rank=rank,
+            world_size=len(ranks),
+            spool_dir=tmp_path / f"spool{rank}",
+        ) as reporter:
+            for batch in batches:
+                _, fragments = loss_fn(batch)
+                reporter.log(7, fragments)  # raw device values, the empty mask's ±inf too
+                host_fragments.append(fragments_to_host(fragments))
+            reporter.commit(7)
+            assert reporter.flush(30)
+            assert reporter.stats().rejected == 0
+    step = httpx.get(f"{service.url}/v1/runs/loss-e2e/steps/7").json()
+    assert step["status"] == "complete"
+    assert step["fragments"] == {"received": 7, "expected": 7}
+
+    reference = combine(loss_fn.metric_spec(), host_fragments)
+    # value, kind, number of values and of non-finite values: the empty mask's neutral
+    # ±inf extrema are skipped by the guards, exactly as the host-side omission does
+    assert step["metrics"] == {
+        name: {**r.to_json(), "value": None if r.value is None else encode_number(r.value)}
+        for name, r in reference.items()
+    }
+    served = {name: m["value"] for name, m in step["metrics"].items()}
+
+    # the single-pass global computation over every token of the step
+    weighted, retained, tokens = [], [], 0.0
+    for batch in (b for rank in ranks for b in rank):
+        terms = compute_terms(CONFIG, batch)
+        actor = terms.masks.actor
+        ratio = terms.ratios.ratio.detach().double()[actor]
+        weight = batch.sample_mask.double()[:, None].expand_as(actor)[actor]
+        weighted += (ratio * weight).tolist()
+        retained += ratio.tolist()
+        tokens += float(weight.sum())
+    assert served["actor_tokens"] == tokens
+    assert served["probs_ratio"] == pytest.approx(math.fsum(weighted) / tokens, rel=1e-14)
+    assert served["probs_ratio_max"] == max(retained)
+    assert served["probs_ratio_min"] == min(retained)
+    assert served["filtered_curr_tokens"] >= 40  # the fully filtered microbatch is counted
