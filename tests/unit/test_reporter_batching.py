@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.reporting import fake_reporter
 
 from steptally.client.reporter import Reporter, ReporterOptions
 from steptally.client.reporter.fake import FakeService
@@ -21,16 +22,7 @@ SLOW = 30.0  # a flush interval that never fires within a test
 
 
 def make(service: FakeService, tmp_path: Path, **options: float) -> Reporter:
-    return Reporter(
-        "http://steptally.test",
-        run="r",
-        spec=SPEC,
-        rank=0,
-        world_size=1,
-        transport=service.transport(),
-        spool_dir=tmp_path / "spool",
-        options=ReporterOptions(**options),  # type: ignore[arg-type]
-    )
+    return fake_reporter(service, tmp_path / "spool", SPEC, ReporterOptions(**options))  # type: ignore[arg-type]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.reporting import fake_reporter
 
-from steptally.client.reporter import FragmentError, Reporter, ReporterClosed, ReporterOptions
+from steptally.client.reporter import FragmentError, Reporter, ReporterClosed
 from steptally.client.reporter.fake import FakeService
 
 with warnings.catch_warnings():
@@ -25,7 +26,6 @@ SPEC = {
     "metrics": {"loss_num": "sum", "tokens": "count", "ratio_max": "max"},
     "derived": {"loss": "loss_num / tokens"},
 }
-FAST = ReporterOptions(flush_interval_s=0.02, backoff_base_s=0.01, backoff_max_s=0.05)
 
 
 @pytest.fixture
@@ -35,16 +35,7 @@ def service() -> FakeService:
 
 @pytest.fixture
 def reporter(service: FakeService, tmp_path: Path) -> Iterator[Reporter]:
-    with Reporter(
-        "http://steptally.test",
-        run="r",
-        spec=SPEC,
-        rank=0,
-        world_size=1,
-        transport=service.transport(),
-        spool_dir=tmp_path / "spool",
-        options=FAST,
-    ) as r:
+    with fake_reporter(service, tmp_path / "spool", SPEC) as r:
         yield r
 
 

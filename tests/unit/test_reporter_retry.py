@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.reporting import FAST, fake_reporter
 
 from steptally.client.algebra import MetricSpec
 from steptally.client.reporter import Reporter, ReporterOptions
@@ -18,20 +19,10 @@ from steptally.client.reporter.fake import FakeService
 from steptally.client.reporter.retry import Backoff, parse_retry_after
 
 SPEC = {"metrics": {"a": "sum", "n": "count"}}
-FAST = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05)
 
 
 def make(service: FakeService, tmp_path: Path, options: ReporterOptions = FAST) -> Reporter:
-    return Reporter(
-        "http://steptally.test",
-        run="r",
-        spec=SPEC,
-        rank=0,
-        world_size=1,
-        transport=service.transport(),
-        spool_dir=tmp_path / "spool",
-        options=options,
-    )
+    return fake_reporter(service, tmp_path / "spool", SPEC, options)
 
 
 def fragment_posts(service: FakeService) -> int:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.reporting import FAST, fake_reporter
 
 from steptally.client.reporter import Reporter, ReporterOptions
 from steptally.client.reporter.capture import Entry
@@ -19,21 +20,10 @@ from steptally.client.reporter.parcel import Parcel
 from steptally.client.reporter.spool import Spool
 
 SPEC = {"metrics": {"a": "sum", "n": "count"}}
-FAST = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05)
 
 
 def make(service: FakeService, spool: Path, options: ReporterOptions = FAST, **kw: int) -> Reporter:
-    return Reporter(
-        "http://steptally.test",
-        run="r",
-        spec=SPEC,
-        rank=0,
-        world_size=1,
-        transport=service.transport(),
-        spool_dir=spool,
-        options=options,
-        **kw,  # type: ignore[arg-type]
-    )
+    return fake_reporter(service, spool, SPEC, options, **kw)
 
 
 def log_steps(reporter: Reporter, steps: range, per_step: int = 4) -> None:
