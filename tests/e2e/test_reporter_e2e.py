@@ -14,9 +14,6 @@ import os
 import queue
 import runpy
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.served import ServedService
 
 from steptally.client.algebra import MetricSpec, combine
 
@@ -35,74 +33,10 @@ WORLD = 8
 STEPS = {"A": (0, 4), "B": (4, 8), "C": (8, 12)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Service:
-    """``steptally serve`` on a fixed port and SQLite file, to kill and start again."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.database_url = f"sqlite:///{tmp / 'steptally.sqlite3'}"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "service.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._cli("migrate", "--database-url", self.database_url)
-
-    def _cli(self, *args: str) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "steptally.service.cli", *args],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "steptally.service.cli",
-                    "serve",
-                    "--database-url",
-                    self.database_url,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise TimeoutError("the service did not become ready")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
-
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path)
+def service(tmp_path: Path) -> Iterator[ServedService]:
+    """``steptally serve`` on a fixed port and SQLite file, to kill and start again."""
+    svc = ServedService(f"sqlite:///{tmp_path / 'steptally.sqlite3'}", tmp_path / "service.log")
     svc.start()
     try:
         yield svc
@@ -142,7 +76,7 @@ class Inbox:
 
 
 def test_eight_ranks_survive_a_killed_service_and_a_replaced_rank(
-    service: Service, tmp_path: Path
+    service: ServedService, tmp_path: Path
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     events = {"B": ctx.Event(), "C": ctx.Event()}
@@ -157,7 +91,7 @@ def test_eight_ranks_survive_a_killed_service_and_a_replaced_rank(
     procs = [_start_rank(ctx, cfg, events, results) for cfg in cfgs]
     try:
         inbox.wait("done", "A", WORLD)
-        service.kill()  # mid-run: batches of phase A may still be on their way
+        service.stop(signal.SIGKILL)  # mid-run: batches of phase A may still be on their way
         events["B"].set()
         during = inbox.wait("done", "B", WORLD)
         inbox.wait("stats", "B", 1)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.served import ServedService
 
 Api = Any  # the `api` fixture of conftest.py
 
@@ -32,56 +28,14 @@ def test_second_app_over_same_database_answers_identically(
     assert api.value(0, "mean") == 0.25
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(url: str, port: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "steptally.service.cli",
-        "serve",
-        "--database-url",
-        url,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"steptally serve did not start: {err.decode()}")
-        time.sleep(0.05)
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int) -> None:
-    os.kill(proc.pid, sig)
-    proc.communicate(timeout=30)
-
-
 @pytest.mark.slow
 def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'served.sqlite3'}"
-    exe = [sys.executable, "-m", "steptally.service.cli"]
-    refused = subprocess.run([*exe, "serve", "--database-url", url], capture_output=True)
+    refused = ServedService.cli("serve", "--database-url", url, check=False)
     assert refused.returncode != 0
     assert b"steptally migrate" in refused.stderr
-    subprocess.run([*exe, "migrate", "--database-url", url], check=True, capture_output=True)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}/v1/runs"
-    proc = _serve(url, port)
+    service = ServedService(url, tmp_path / "serve.log").start()
+    base = f"{service.url}/v1/runs"
     try:
         spec = {
             "name": "k",
@@ -99,8 +53,8 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
             }
             assert httpx.post(f"{base}/k/fragments", json=body).status_code == 200
     finally:
-        _stop(proc, signal.SIGKILL)
-    proc = _serve(url, port)
+        service.stop(signal.SIGKILL)
+    service.start()
     try:
         body = {
             "fragments": [{"step": 0, "rank": 2, "seq": 0, "values": {"a": -1e17, "n": 1}}],
@@ -113,4 +67,4 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
         assert step["metrics"]["mean"]["value"] == 0.25
         assert step["fragments"] == {"received": 3, "expected": 3}
     finally:
-        _stop(proc, signal.SIGTERM)
+        service.stop()
