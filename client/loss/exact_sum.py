@@ -19,10 +19,14 @@ values per row are exact per fold; magnitudes above 2**989 fall outside the guar
 and so does the one-ulp accuracy of a row whose largest magnitude is below 2**-950 (its
 grid is coarser than its values; the result is still the same bits in any order).
 The folds run without autograd on two float64 buffers, in place; the gradient rides on
-``plain - plain.detach()``, which is exactly 0. No host sync anywhere.
+``plain - plain.detach()``, which is exactly 0. No host sync anywhere. Rows are summed
+independently, so :func:`exact_sums` stacks many same-shaped rows into one call (one
+set of kernels instead of one per row) without changing a bit of any of them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -30,6 +34,7 @@ from torch import Tensor
 _HEADROOM = 32  # log2 of the terms one fold can sum exactly, minus one
 _FOLDS = 3
 _STEP = 53 - _HEADROOM  # the grid of the next fold starts where the remainder ends
+_NEXT_GRID = 2.0**-_STEP  # exact: every grid stays a normal float64 (see _folded)
 
 
 def _power_of_two(exponent: Tensor) -> Tensor:
@@ -38,32 +43,58 @@ def _power_of_two(exponent: Tensor) -> Tensor:
     return biased.view(torch.float64)
 
 
-def _folded(values: Tensor) -> Tensor:
-    """The binned sum of finite ``values`` (no autograd; two float64 buffers, in place)."""
-    top = torch.maximum(-values.amin(-1, keepdim=True), values.amax(-1, keepdim=True))
+def _folded(values: Tensor, *, owned: bool = False) -> Tensor:
+    """The binned sum of finite float64 ``values`` (no autograd; two float64 buffers, in
+    place). With ``owned`` the caller hands ``values`` over and it is used as the first
+    buffer (its contents are destroyed); otherwise it is copied.
+
+    The grid exponents are clamped to [-1000, 989] + ``_HEADROOM``, so the three grids
+    ``σ_f = 1.5·2**(e + 32 - 21 f)`` lie in [2**-1010, 2**1022): each is the previous one
+    times ``2**-21``, exactly, without rebuilding it from its exponent.
+    """
+    low, high = torch.aminmax(values, dim=-1, keepdim=True)
+    top = torch.maximum(-low, high)
     exponent = torch.frexp(top).exponent.to(torch.int64).clamp(-1000, 989)
-    body = values.to(torch.float64, copy=True)
+    sigma = 1.5 * _power_of_two(exponent + _HEADROOM)
+    body = values if owned else values.clone()
     grid = torch.empty_like(body)
     parts: list[Tensor] = []
     for fold in range(_FOLDS):
-        sigma = 1.5 * _power_of_two(exponent + _HEADROOM)
+        if fold:
+            sigma = sigma * _NEXT_GRID
         torch.add(body, sigma, out=grid)
         grid.sub_(sigma)
         parts.append(grid.sum(-1))
         if fold + 1 < _FOLDS:
             body.sub_(grid)
-            exponent = exponent - _STEP
     total = parts[-1]
     for part in reversed(parts[:-1]):
         total = total + part
     return total
 
 
+def _exact_sum(values: Tensor, *, owned: bool) -> Tensor:
+    converted = values.to(torch.float64)
+    plain = converted.sum(-1)  # non-finite data (inf, NaN) decides the result by IEEE rules
+    with torch.no_grad():
+        folded = _folded(converted.detach(), owned=owned or converted is not values)
+    if plain.requires_grad:
+        # plain - plain.detach() is exactly +0 where finite and carries the gradient (1 per
+        # value); the folded sum is never -0, so without a gradient it is left out
+        folded = folded + (plain - plain.detach())
+    return torch.where(torch.isfinite(plain), folded, plain)
+
+
 def exact_sum(values: Tensor) -> Tensor:
     """The reproducible float64 sum of ``values`` along its last dimension."""
-    values = values.to(torch.float64)
-    plain = values.sum(-1)  # non-finite data (inf, NaN) decides the result by IEEE rules
-    with torch.no_grad():
-        folded = _folded(values.detach())
-    # plain - plain.detach() is exactly 0 where finite and carries the gradient (1 per value)
-    return torch.where(torch.isfinite(plain), folded + (plain - plain.detach()), plain)
+    return _exact_sum(values, owned=False)
+
+
+def exact_sums(rows: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The exact sums of several same-shaped named tensors along their last dimension,
+    in one stacked :func:`exact_sum` (rows are summed independently, so each result has
+    the bits it would have alone)."""
+    if not rows:
+        return {}
+    stacked = torch.stack([row.to(torch.float64) for row in rows.values()])
+    return dict(zip(rows, _exact_sum(stacked, owned=True).unbind(0), strict=True))

@@ -2,9 +2,10 @@
 
 Every mean is emitted as a numerator plus the count it divides by, never as a
 per-microbatch mean, so the service divides once over the whole step. Each fragment is a
-0-d float64 tensor on the loss's device; building them needs no host sync (every sum is
-an :func:`~steptally.client.loss.exact_sum.exact_sum` of one stacked tensor, every
-extremum an ``amin``/``amax`` over ``torch.where``-masked values).
+0-d float64 tensor on the loss's device; building them needs no host sync (all per-token
+sums, the loss numerators' included, are one
+:func:`~steptally.client.loss.exact_sum.exact_sums` of a stacked ``[K, B·T]`` tensor, all
+per-sequence sums another, and the extrema one masked ``amin`` and one ``amax``).
 
 Empty extrema. Which keys a microbatch emits cannot depend on its data without a sync,
 so ``probs_ratio{,_clamped}_{min,max}`` are always present on the device; over an empty
@@ -23,108 +24,124 @@ import torch
 from torch import Tensor
 
 from steptally.client.loss.config import ClippedPGConfig
-from steptally.client.loss.exact_sum import exact_sum
+from steptally.client.loss.exact_sum import exact_sums
 from steptally.client.loss.inputs import LossInputs
-from steptally.client.loss.mismatch import mismatch_terms
+from steptally.client.loss.mismatch import mismatch_values
+from steptally.client.loss.reduction import loss_rows
 from steptally.client.loss.spec import EXTREME_COMPANIONS, fragment_kinds
 from steptally.client.loss.terms import Terms, approx_entropy
 
 F64 = torch.float64
+Rows = dict[str, Tensor]
 
 
-def _importance_terms(
-    config: ClippedPGConfig, batch: LossInputs, terms: Terms
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def _importance_terms(config: ClippedPGConfig, terms: Terms) -> tuple[Rows, Rows]:
     imp, masks = terms.importance, terms.masks
-    sample = batch.sample_mask.to(F64)
-    tokens: dict[str, Tensor] = {}
-    seqs: dict[str, Tensor] = {}
+    sample = masks.sample_weight
+    tokens: Rows = {}
+    seqs: Rows = {}
     target = seqs if imp.per_sequence else tokens
     weight = sample if imp.per_sequence else masks.mismatch_weight
-    target["sampling_importance_ratio_num"] = imp.value.to(F64) * weight
+    target["sampling_importance_ratio_num"] = imp.value * weight
     if imp.oob is not None:
         oob_weight = sample if imp.oob_per_sequence else masks.mismatch_weight
-        (seqs if imp.oob_per_sequence else tokens)["is_oob_num"] = imp.oob.to(F64) * oob_weight
+        (seqs if imp.oob_per_sequence else tokens)["is_oob_num"] = imp.oob * oob_weight
     return tokens, seqs
 
 
-def _count_terms(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> dict[str, Tensor]:
-    """Counts per sequence: integer row counts, times the sample weight for weighted ones
-    (the same exact values as summing token_mask·sample_mask over each mask)."""
+def _count_terms(config: ClippedPGConfig, terms: Terms) -> Rows:
+    """Counts per sequence: integer row counts (one stacked sum over the masks), times the
+    sample weight for weighted ones (the same exact values as summing
+    token_mask·sample_mask over each mask). A filtered count is the full count minus the
+    kept one, exactly (integers)."""
     m = terms.masks
-    sample = batch.sample_mask.to(F64)
-
-    def rows(mask: Tensor) -> Tensor:
-        return mask.sum(-1, dtype=F64)
-
-    full = rows(m.full)
+    sample = m.sample_weight
+    masks = torch.stack([m.full, m.actor, m.mismatch, m.full & m.keep_curr])
+    counts = masks.sum(-1, dtype=F64)
+    full, actor = counts[0], counts[1]
+    weighted = counts[:3] * sample
+    filtered = full - counts[2:]  # full ∧ ¬keep(prev), full ∧ ¬keep(curr)
     out = {
-        "valid_tokens": sample * full,
-        "actor_tokens": sample * rows(m.actor),
-        "mismatch_tokens": sample * rows(m.mismatch),
-        "actor_positions": rows(m.actor),
-        "filtered_curr_tokens": rows(m.filtered_curr),
-        "filtered_prev_tokens": rows(m.filtered_prev),
+        "valid_tokens": weighted[0],
+        "actor_tokens": weighted[1],
+        "mismatch_tokens": weighted[2],
+        "actor_positions": actor,
+        "filtered_curr_tokens": filtered[1],
+        "filtered_prev_tokens": filtered[0],
         "valid_seqs": sample,
     }
     if terms.correct is not None and config.nll_enabled:
-        out["correct_tokens"] = torch.where(terms.correct, sample * full, 0.0)
+        out["correct_tokens"] = torch.where(terms.correct, weighted[0], 0.0)
     return out
 
 
-def fragment_terms(
-    config: ClippedPGConfig, batch: LossInputs, terms: Terms
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def _actor_weighted(config: ClippedPGConfig, value: Tensor, terms: Terms) -> Tensor:
+    """``value`` over the actor mask times its weight. Outside the actor mask a token-level
+    ratio is exp(0) (or 0), finite, so the weight's 0 is enough; a GSPO ratio repeats its
+    sequence's value there, which may be ±inf or NaN, so it is masked first."""
+    m = terms.masks
+    if config.gspo:
+        value = torch.where(m.actor, value, 0.0)
+    return value * m.actor_weight
+
+
+def fragment_terms(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> tuple[Rows, Rows]:
     """Per-token ``[B, T]`` and per-sequence ``[B]`` float64 terms; each fragment that is a
-    sum or a count is the exact sum of one of them (counts are summed per sequence)."""
+    sum or a count is the exact sum of one of them (counts are summed per sequence).
+    Every value outside its mask is a finite value times a weight of 0."""
     m = terms.masks
     r, rc = terms.ratios.ratio.detach(), terms.ratios.clamped.detach()
-    tokens: dict[str, Tensor] = {
-        "probs_ratio_num": torch.where(m.actor, r, 0.0).to(F64) * m.actor_weight,
-        "probs_ratio_clamped_num": torch.where(m.actor, rc, 0.0).to(F64) * m.actor_weight,
-        "approx_entropy_num": approx_entropy(terms, batch.generation_logprobs).to(F64)
-        * m.actor_weight,
+    tokens: Rows = {
+        "probs_ratio_num": _actor_weighted(config, r, terms),
+        "probs_ratio_clamped_num": _actor_weighted(config, rc, terms),
+        "approx_entropy_num": approx_entropy(terms, batch.generation_logprobs) * m.actor_weight,
     }
     kind = config.reference_policy_kl_type
-    for name, value in mismatch_terms(
+    for name, value in mismatch_values(
         terms.prev, batch.generation_logprobs, m.mismatch, kind
     ).items():
-        tokens[f"{name}_num"] = value.to(F64) * m.mismatch_weight
-    imp_tokens, seqs = _importance_terms(config, batch, terms)
+        tokens[f"{name}_num"] = value * m.mismatch_weight
+    imp_tokens, seqs = _importance_terms(config, terms)
     tokens.update(imp_tokens)
-    seqs.update(_count_terms(config, batch, terms))
+    seqs.update(_count_terms(config, terms))
     return tokens, seqs
 
 
 def extremes(terms: Terms) -> dict[str, Tensor]:
-    """Extrema of the ratio and the clamped ratio over the actor mask (see module doc)."""
+    """Extrema of the ratio and the clamped ratio over the actor mask (see module doc):
+    one masked min and one masked max over both, in their own dtype (the float64
+    conversion is exact and monotone, so it can come after)."""
     actor = terms.masks.actor
-    out: dict[str, Tensor] = {}
-    for name, value in (
-        ("probs_ratio", terms.ratios.ratio),
-        ("probs_ratio_clamped", terms.ratios.clamped),
-    ):
-        value = value.detach().to(F64)
-        out[f"{name}_min"] = torch.where(actor, value, float("inf")).amin()
-        out[f"{name}_max"] = torch.where(actor, value, float("-inf")).amax()
-    return out
+    values = torch.stack([terms.ratios.ratio.detach(), terms.ratios.clamped.detach()])
+    low = torch.where(actor, values, float("inf")).amin((1, 2))
+    high = torch.where(actor, values, float("-inf")).amax((1, 2))
+    found = torch.cat([low, high]).to(F64).unbind(0)
+    names = (
+        "probs_ratio_min",
+        "probs_ratio_clamped_min",
+        "probs_ratio_max",
+        "probs_ratio_clamped_max",
+    )
+    return dict(zip(names, found, strict=True))
 
 
-def _sum_all(terms: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    if not terms:
-        return {}
-    stacked = torch.stack([t.reshape(-1) for t in terms.values()])
-    return dict(zip(terms, exact_sum(stacked).unbind(0), strict=True))
+def _flat(rows: Rows) -> Rows:
+    return {name: value.reshape(-1) for name, value in rows.items()}
 
 
 def collect_fragments(
-    config: ClippedPGConfig, batch: LossInputs, terms: Terms, numerators: Mapping[str, Tensor]
-) -> dict[str, Tensor]:
-    """Every fragment of the microbatch, in the order of the spec."""
+    config: ClippedPGConfig, batch: LossInputs, terms: Terms
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The loss numerators (with grad) and every fragment of the microbatch, in the order
+    of the spec. The loss's own rows join the fragments' rows, so all per-token sums are
+    one stacked exact sum and all per-sequence sums another."""
+    loss_tokens, loss_seqs = loss_rows(config, batch, terms)
     tokens, seqs = fragment_terms(config, batch, terms)
-    found = {**_sum_all(tokens), **_sum_all(seqs), **extremes(terms)}
-    found.update({name: value.detach() for name, value in numerators.items()})
-    return {name: found[name] for name in fragment_kinds(config)}
+    sums = {**exact_sums({**loss_tokens, **_flat(tokens)}), **exact_sums({**loss_seqs, **seqs})}
+    numerators = {name: sums[name] for name in (*loss_tokens, *loss_seqs)}
+    found = {name: value.detach() for name, value in sums.items()}
+    found.update(extremes(terms))
+    return numerators, {name: found[name] for name in fragment_kinds(config)}
 
 
 def fragments_to_host(

@@ -39,8 +39,7 @@ class ClippedPGLoss:
     def __call__(self, inputs: LossInputs | PackedLossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         batch = self._regular(inputs)
         terms = compute_terms(self.config, batch)
-        numerators = loss_numerators(self.config, batch, terms)
-        fragments = collect_fragments(self.config, batch, terms, numerators)
+        numerators, fragments = collect_fragments(self.config, batch, terms)
         return loss_value(self.config, batch, numerators), fragments
 
     def loss_only(self, inputs: LossInputs | PackedLossInputs) -> Tensor:

@@ -36,7 +36,7 @@ def mask_out_neg_inf_logprobs(logprobs: Tensor, mask: Tensor) -> tuple[Tensor, T
 
 @dataclass(frozen=True)
 class Masks:
-    """Boolean masks ``[B, T]`` and their float64 weights."""
+    """Boolean masks ``[B, T]``, their float64 weights, and the sample mask in float64."""
 
     full: Tensor
     actor: Tensor
@@ -46,6 +46,7 @@ class Masks:
     full_weight: Tensor
     actor_weight: Tensor
     mismatch_weight: Tensor
+    sample_weight: Tensor
 
     @property
     def filtered_curr(self) -> Tensor:
@@ -60,7 +61,8 @@ def build_masks(
     token_mask: Tensor, sample_mask: Tensor, keep_curr: Tensor, keep_prev: Tensor
 ) -> Masks:
     """The masks of one microbatch from the original masks and both keep masks."""
-    weight = token_mask.to(torch.float64) * sample_mask.to(torch.float64)[:, None]
+    sample = sample_mask.to(torch.float64)
+    weight = token_mask.to(torch.float64) * sample[:, None]
     full = token_mask.to(torch.bool) & (weight > 0)
     actor = full & keep_curr & keep_prev
     mismatch = full & keep_prev
@@ -73,4 +75,5 @@ def build_masks(
         full_weight=torch.where(full, weight, 0.0),
         actor_weight=torch.where(actor, weight, 0.0),
         mismatch_weight=torch.where(mismatch, weight, 0.0),
+        sample_weight=sample,
     )

@@ -10,7 +10,8 @@ mask narrowed by the previous-policy keep mask alone, never by the current one:
   m = log(½e^prev + ½e^gen), computed stably from max(prev, gen).
 
 k is the configured estimator, without clamps. All values are detached and 0 outside
-the mask.
+the mask (:func:`mismatch_values` leaves out that last step: its values outside the mask
+are finite but not 0, for callers that multiply by a weight that is 0 there).
 """
 
 from __future__ import annotations
@@ -28,17 +29,23 @@ def _log_mixture(prev: Tensor, gen: Tensor) -> Tensor:
     return top + torch.log(torch.exp(prev - top) + torch.exp(gen - top)) - math.log(2.0)
 
 
-def mismatch_terms(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
-    """Per-token values of the four mismatch diagnostics over ``mask``."""
+def mismatch_values(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
+    """Per-token values of the four diagnostics; outside ``mask`` both logprobs read as 0,
+    so every value there is finite (a weight of 0 makes it an exact 0)."""
     prev = torch.where(mask, prev.detach(), 0.0)
     gen = torch.where(mask, gen, 0.0)
     diff = gen - prev
     mixture = _log_mixture(prev, gen)
     js = 0.5 * kl_estimate(mixture - prev, "k3") + 0.5 * kl_estimate(mixture - gen, "k3")
-    values = {
+    return {
         "token_mult_prob_error": torch.exp(diff.abs()),
         "gen_kl_error": kl_estimate(-diff, kind),
         "policy_kl_error": kl_estimate(diff, kind),
         "js_divergence_error": js,
     }
+
+
+def mismatch_terms(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
+    """Per-token values of the four mismatch diagnostics over ``mask`` (0 outside it)."""
+    values = mismatch_values(prev, gen, mask, kind)
     return {name: torch.where(mask, value, 0.0) for name, value in values.items()}

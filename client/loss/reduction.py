@@ -14,31 +14,44 @@ import torch
 from torch import Tensor
 
 from steptally.client.loss.config import ClippedPGConfig
-from steptally.client.loss.exact_sum import exact_sum
+from steptally.client.loss.exact_sum import exact_sums
 from steptally.client.loss.inputs import LossInputs, Scalar
 from steptally.client.loss.ratio import safe_divisor
 from steptally.client.loss.terms import Terms
 
+Rows = dict[str, Tensor]
 
-def _reduce(config: ClippedPGConfig, values: Tensor, weight: Tensor, token_mask: Tensor) -> Tensor:
-    weighted = values * weight
+
+def loss_rows(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> tuple[Rows, Rows]:
+    """The rows whose exact sums are the loss numerators (with grad): flat per-token rows
+    ``[B·T]`` and per-sequence rows ``[B]``. Token level: actor and KL are Σ w·ℓ and Σ kl
+    over their masks. Sequence level: each sequence's exact sum over its token-mask count
+    (one stacked exact sum for the numerators and the counts), then summed over
+    sequences. The NLL is always a flat token sum. Returned unsummed, so the fragments can
+    add their own rows to the same stacked sums."""
+    masks = terms.masks
+    weighted = {"actor_loss_num": terms.surrogate * masks.actor_weight}
+    if terms.kl is not None:
+        weighted["kl_penalty_num"] = terms.kl * masks.full_weight
+    tokens: Rows = {}
+    seqs: Rows = {}
     if config.token_level_loss:
-        return exact_sum(weighted.flatten())
-    per_row = exact_sum(token_mask.to(torch.float64))
-    return exact_sum(exact_sum(weighted) / safe_divisor(per_row))
+        tokens.update({name: value.reshape(-1) for name, value in weighted.items()})
+    else:
+        rows = exact_sums({**weighted, "": batch.token_mask.to(torch.float64)})
+        per_row = safe_divisor(rows.pop(""))
+        seqs.update({name: value / per_row for name, value in rows.items()})
+    if config.nll_enabled:
+        assert terms.correct is not None
+        correct = torch.where(terms.correct[:, None], masks.actor_weight, 0.0)
+        tokens["nll_num"] = (-terms.curr * correct).reshape(-1)
+    return tokens, seqs
 
 
 def loss_numerators(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> dict[str, Tensor]:
     """``actor_loss_num`` and, when enabled, ``kl_penalty_num`` and ``nll_num`` (with grad)."""
-    masks = terms.masks
-    out = {"actor_loss_num": _reduce(config, terms.surrogate, masks.actor_weight, batch.token_mask)}
-    if terms.kl is not None:
-        out["kl_penalty_num"] = _reduce(config, terms.kl, masks.full_weight, batch.token_mask)
-    if config.nll_enabled:
-        assert terms.correct is not None
-        correct = torch.where(terms.correct[:, None], masks.actor_weight, 0.0)
-        out["nll_num"] = exact_sum((-terms.curr * correct).flatten())
-    return out
+    tokens, seqs = loss_rows(config, batch, terms)
+    return {**exact_sums(tokens), **exact_sums(seqs)}
 
 
 def _divisor(value: Scalar) -> Tensor | float:
