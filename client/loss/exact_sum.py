@@ -52,8 +52,7 @@ def _folded(values: Tensor, *, owned: bool = False) -> Tensor:
     ``σ_f = 1.5·2**(e + 32 - 21 f)`` lie in [2**-1010, 2**1022): each is the previous one
     times ``2**-21``, exactly, without rebuilding it from its exponent.
     """
-    low, high = torch.aminmax(values, dim=-1, keepdim=True)
-    top = torch.maximum(-low, high)
+    top = torch.maximum(-values.amin(-1, keepdim=True), values.amax(-1, keepdim=True))
     exponent = torch.frexp(top).exponent.to(torch.int64).clamp(-1000, 989)
     sigma = 1.5 * _power_of_two(exponent + _HEADROOM)
     body = values if owned else values.clone()
