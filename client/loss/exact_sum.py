@@ -37,12 +37,6 @@ _STEP = 53 - _HEADROOM  # the grid of the next fold starts where the remainder e
 _NEXT_GRID = 2.0**-_STEP  # exact: every grid stays a normal float64 (see _folded)
 
 
-def _power_of_two(exponent: Tensor) -> Tensor:
-    """2**exponent in float64, built from its bits (exact on every device)."""
-    biased = (exponent.to(torch.int64).clamp(-1022, 1023) + 1023) << 52
-    return biased.view(torch.float64)
-
-
 def _folded(values: Tensor, *, owned: bool = False) -> Tensor:
     """The binned sum of finite float64 ``values`` (no autograd; two float64 buffers, in
     place). With ``owned`` the caller hands ``values`` over and it is used as the first
@@ -54,7 +48,8 @@ def _folded(values: Tensor, *, owned: bool = False) -> Tensor:
     """
     top = torch.maximum(-values.amin(-1, keepdim=True), values.amax(-1, keepdim=True))
     exponent = torch.frexp(top).exponent.to(torch.int64).clamp(-1000, 989)
-    sigma = 1.5 * _power_of_two(exponent + _HEADROOM)
+    # 2**(exponent + _HEADROOM) from its bits (exact on every device; always normal)
+    sigma = 1.5 * ((exponent + (_HEADROOM + 1023)) << 52).view(torch.float64)
     body = values if owned else values.clone()
     grid = torch.empty_like(body)
     parts: list[Tensor] = []

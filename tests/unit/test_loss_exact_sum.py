@@ -12,6 +12,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from steptally.client.loss import exact_sum  # noqa: E402
+from steptally.client.loss.exact_sum import exact_sums  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -51,3 +52,18 @@ def test_gradient_is_one():
     x = torch.randn(4, 9, requires_grad=True)
     exact_sum(x).sum().backward()
     assert x.grad is not None and torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_stacked_rows_keep_their_own_bits_and_gradient():
+    g = torch.Generator().manual_seed(5)
+    rows = {
+        "small": torch.randn(300, generator=g, dtype=torch.float64) * 1e-9,
+        "big": torch.randn(300, generator=g, dtype=torch.float64) * 1e12,
+        "grad": torch.randn(300, generator=g, dtype=torch.float64).requires_grad_(True),
+        "inf": torch.tensor([1.0, float("inf")] * 150, dtype=torch.float64),
+    }
+    sums = exact_sums(rows)
+    for name, row in rows.items():
+        assert torch.equal(sums[name], exact_sum(row)), name
+    sums["grad"].backward()
+    assert torch.equal(rows["grad"].grad, torch.ones(300, dtype=torch.float64))
