@@ -36,6 +36,7 @@ class DemoPlan:
     step_interval_s: float = 0.5
     step_timeout_s: float = 2.0
     late_every: int = 7
+    late_by_s: float = 3.0  # past the timeout: the service sweeps overdue steps each second
     seed: int = 0
 
 
@@ -106,7 +107,9 @@ def _rank(
                 fragments.append(f)
             late = plan.late_every and step % plan.late_every == plan.late_every - 1
             if late and rank == plan.ranks - 1:  # this rank's report arrives after the timeout
-                timer = threading.Timer(plan.step_timeout_s + 1.0, report, (step, fragments))
+                timer = threading.Timer(
+                    plan.step_timeout_s + plan.late_by_s, report, (step, fragments)
+                )
                 timer.start()
                 delayed.append(timer)
             else:
