@@ -108,6 +108,8 @@ def demo(
 ) -> None:
     """A simulated GRPO run pushing real loss fragments (needs the torch extra)."""
     try:
+        import torch  # noqa: F401  (only the demo's simulated ranks need it)
+
         from steptally.client.demo import DemoPlan, run_demo
     except ImportError as exc:
         typer.echo(f"steptally: the demo needs torch: pip install 'steptally[torch]' ({exc})")
