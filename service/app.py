@@ -42,7 +42,9 @@ def create_app(
 ) -> FastAPI:
     """Build the service. ``clock`` and ``sweep=False`` exist for tests."""
     settings = settings or Settings()
-    store = SqlStore.from_url(settings.database_url)
+    store = SqlStore.from_url(
+        settings.database_url, settings.ingest_group_max_batches, settings.ingest_group_max_bytes
+    )
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
     registry.register(RunValueCollector(store.exposition_snapshot))

@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     sweep_interval_s: float = Field(default=1.0, gt=0)
     default_step_timeout_s: float = Field(default=300.0, gt=0)
+    # group commit: at most this many batches (and bytes of values) share a transaction;
+    # 1 gives every batch its own transaction
+    ingest_group_max_batches: int = Field(default=64, ge=1)
+    ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
     @field_validator("database_url")
     @classmethod

@@ -7,13 +7,17 @@ number of instances over one database answer alike.
 On SQLite one writer holds the database at a time: the writers of one store queue
 on a lock of their own and take turns at once, instead of polling SQLite's busy
 handler (which sleeps for milliseconds). Other processes still meet the busy timeout.
+
+Ingests are group-committed (:mod:`.sql_group`): batches that arrive while a
+transaction is in progress share the next one, each in its own savepoint, so one
+``COMMIT`` makes a whole group durable. ``group_max_batches=1`` turns this off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -21,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
-from steptally.service.store import sql_ingest, sql_query
+from steptally.service.store import sql_ingest, sql_postgres, sql_query
 from steptally.service.store.base import (
     Decide,
     FinalisedStep,
@@ -31,6 +35,7 @@ from steptally.service.store.base import (
     StepRecord,
 )
 from steptally.service.store.engine import make_engine, transaction
+from steptally.service.store.sql_group import GroupCommit, Pending
 from steptally.service.store.sql_run import load_run, load_runs, save_run
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
@@ -39,16 +44,25 @@ from steptally.service.store.sql_step import finalise_row, lock_step, write_step
 class SqlStore:
     """:class:`~steptally.service.store.base.Store` over one SQLAlchemy engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, group_max_batches: int = 64, group_max_bytes: int = 16 << 20
+    ) -> None:
         self.engine = engine
         sqlite = engine.dialect.name == "sqlite"
         self._writers: contextlib.AbstractContextManager[object] = (
             threading.Lock() if sqlite else contextlib.nullcontext()
         )
+        self._group = (
+            GroupCommit(self._ingest_group, group_max_batches, group_max_bytes)
+            if group_max_batches > 1
+            else None
+        )
 
     @classmethod
-    def from_url(cls, url: str) -> SqlStore:
-        return cls(make_engine(url))
+    def from_url(
+        cls, url: str, group_max_batches: int = 64, group_max_bytes: int = 16 << 20
+    ) -> SqlStore:
+        return cls(make_engine(url), group_max_batches, group_max_bytes)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -92,12 +106,52 @@ class SqlStore:
     # -- fragments and steps ----------------------------------------------------------
 
     def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
+        if self._group is not None:
+            return self._group.submit(run, batch, now)
+        return self._ingest_alone(run, batch, now)
+
+    def _ingest_alone(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         with self._write() as conn:
+            return sql_ingest.ingest(conn, run, batch, now, _reloader(conn, run))
 
-            def reload() -> RunRecord:
-                return load_run(conn, run_id=run.id) or run
+    def _ingest_group(self, group: list[Pending]) -> None:
+        """Store a group of batches in one transaction, each all-or-nothing in its own
+        savepoint; sets each one's outcome or error. Raises (failing them all) if the
+        transaction itself fails."""
+        if len(group) == 1:  # no savepoint needed: the batch is the transaction
+            p = group[0]
+            try:
+                p.outcome = self._ingest_alone(p.run, p.batch, p.now)
+            except Exception as exc:
+                p.error = exc
+            return
+        with self._write() as conn:
+            postgres = conn.dialect.name == "postgresql"
+            if postgres:
+                sql_postgres.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
+            for p in group:
+                try:
+                    p.outcome = sql_ingest.ingest(
+                        conn, p.run, p.batch, p.now, _reloader(conn, p.run), savepoint=True
+                    )
+                except Exception as exc:
+                    p.error = exc
+            if postgres:
+                self._drop_unused_steps(conn, group)
 
-            return sql_ingest.ingest(conn, run, batch, now, reload)
+    @staticmethod
+    def _drop_unused_steps(conn: Connection, group: list[Pending]) -> None:
+        """The rows :func:`sql_postgres.lock_group` created only for failed batches."""
+        failed: dict[int, set[int]] = {}
+        for p in group:
+            if p.error is not None:
+                failed.setdefault(p.run.id, set()).update(p.batch.steps())
+        for p in group:
+            if p.error is None:
+                failed.get(p.run.id, set()).difference_update(p.batch.steps())
+        for run_id, steps in sorted(failed.items()):
+            if steps:
+                sql_postgres.drop_empty_steps(conn, run_id, sorted(steps))
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
         with transaction(self.engine, write=False) as conn:
@@ -138,3 +192,10 @@ class SqlStore:
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:
             return sql_query.snapshot(conn, load_runs(conn))
+
+
+def _reloader(conn: Connection, run: RunRecord) -> Callable[[], RunRecord]:
+    def reload() -> RunRecord:
+        return load_run(conn, run_id=run.id) or run
+
+    return reload

@@ -30,6 +30,8 @@ from steptally.service.store.base import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params, statements
 from steptally.service.store.sql_step import Probe, StepRow, finalise_row, lock_steps, write_steps
 
+SAVEPOINT = "steptally_batch"
+
 
 def ingest(
     conn: Connection,
@@ -37,11 +39,42 @@ def ingest(
     batch: PreparedBatch,
     now: float,
     reload: Callable[[], RunRecord],
+    savepoint: bool = False,
 ) -> IngestOutcome:
-    """Store ``batch``; ``reload`` reads the run's current spec when a step is finalised."""
+    """Store ``batch``; ``reload`` reads the run's current spec when a step is finalised.
+
+    Alone (``savepoint=False``) the batch is the whole transaction, and on PostgreSQL
+    this commits it. In a group (``savepoint=True``) the batch runs inside its own
+    savepoint, released at the end; if it raises, the transaction is rolled back to
+    the savepoint (so nothing of the batch remains) and the error propagates.
+    """
+    if not savepoint:
+        return _ingest(conn, run, batch, now, reload, False)
+    postgres = conn.dialect.name == "postgresql"
+    if not postgres:  # on PostgreSQL the savepoint travels in the probe's pipeline
+        conn.exec_driver_sql(f"SAVEPOINT {SAVEPOINT}")
+    try:
+        return _ingest(conn, run, batch, now, reload, True)
+    except Exception:
+        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        conn.exec_driver_sql(f"RELEASE SAVEPOINT {SAVEPOINT}")
+        raise
+
+
+def _ingest(
+    conn: Connection,
+    run: RunRecord,
+    batch: PreparedBatch,
+    now: float,
+    reload: Callable[[], RunRecord],
+    grouped: bool,
+) -> IngestOutcome:
     sql = statements(conn.dialect.name)
     postgres = conn.dialect.name == "postgresql"
-    found = (sql_postgres.probe if postgres else _probe)(conn, run, batch, now)
+    if postgres:
+        found = sql_postgres.probe(conn, run, batch, now, SAVEPOINT if grouped else None)
+    else:
+        found = _probe(conn, run, batch, now)
     steps, new_frags = found.steps, found.new_frags
     if len(new_frags) < len(batch.fragments):
         _classify_fragments(conn, sql, run, batch, set(batch.fragments) - set(new_frags))
@@ -56,7 +89,13 @@ def ingest(
     _check_commits(batch, found)
     _count(steps, new_frags, {k: batch.commits[k] for k in found.new_commits})
     finalised = _finalise(conn, run, reload, steps.values(), now)
-    (sql_postgres.write_and_commit if postgres else write_steps)(conn, run.id, [*steps.values()])
+    rows = [*steps.values()]
+    if postgres:
+        sql_postgres.write_and_finish(conn, run.id, rows, SAVEPOINT if grouped else None)
+    else:
+        write_steps(conn, run.id, rows)
+        if grouped:
+            conn.exec_driver_sql(f"RELEASE SAVEPOINT {SAVEPOINT}")
     return IngestOutcome(
         accepted=len(new_frags),
         duplicates=len(batch.fragments) - len(new_frags),

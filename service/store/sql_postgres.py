@@ -64,24 +64,34 @@ UPDATE_STEPS = "UPDATE steps SET {} WHERE run_id = %(run)s AND step = %(step)s".
 )
 
 
-def probe(conn: Connection, run: RunRecord, batch: PreparedBatch, now: float) -> Probe:
+def probe(
+    conn: Connection, run: RunRecord, batch: PreparedBatch, now: float, savepoint: str | None
+) -> Probe:
     """Lock the batch's steps, insert its fragments and commits, and read back the
-    commits and top sequence numbers of its (step, rank) pairs: one round trip."""
+    commits and top sequence numbers of its (step, rank) pairs: one round trip.
+    With ``savepoint``, the pipeline opens that savepoint first."""
     driver = conn.connection.driver_connection
     assert driver is not None
     steps = batch.steps()
     pairs = {k[:2] for k in batch.fragments} | set(batch.commits)
+    lock_params = _lock_params(run, steps, now)
+    frag_params = _fragment_params(run, batch) if batch.fragments else None
+    commit_params = _commit_params(run, batch) if batch.commits else None
+    pair_params = _pair_params(run, pairs)
+    top_params = _pair_params(run, batch.commits) if batch.commits else None
     locked = driver.cursor(row_factory=namedtuple_row)
     frags, commits, declared, tops = (driver.cursor() for _ in range(4))
     with driver.pipeline():
-        locked.execute(LOCK_STEPS, _lock_params(run, steps, now))
-        if batch.fragments:
-            frags.execute(INSERT_FRAGMENTS, _fragment_params(run, batch))
-        if batch.commits:
-            commits.execute(INSERT_COMMITS, _commit_params(run, batch))
-        declared.execute(COMMITS_OF, _pair_params(run, pairs))
-        if batch.commits:
-            tops.execute(MAX_SEQ_OF, _pair_params(run, batch.commits))
+        if savepoint is not None:
+            driver.execute(f"SAVEPOINT {savepoint}")
+        locked.execute(LOCK_STEPS, lock_params)
+        if frag_params is not None:
+            frags.execute(INSERT_FRAGMENTS, frag_params)
+        if commit_params is not None:
+            commits.execute(INSERT_COMMITS, commit_params)
+        declared.execute(COMMITS_OF, pair_params)
+        if top_params is not None:
+            tops.execute(MAX_SEQ_OF, top_params)
     return Probe(
         steps={r.step: StepRow.of(r) for r in locked.fetchall()},
         new_frags=_keys(frags, batch.fragments),
@@ -141,16 +151,49 @@ def _pair_params(run: RunRecord, pairs: Any) -> dict[str, Any]:
     }
 
 
-def write_and_commit(conn: Connection, run_id: int, rows: Sequence[StepRow]) -> None:
-    """Write the changed step rows and commit, in one round trip. The transaction is
-    durable when this returns; the caller's own commit then has nothing left to do."""
+def write_and_finish(
+    conn: Connection, run_id: int, rows: Sequence[StepRow], savepoint: str | None
+) -> None:
+    """Write the changed step rows and commit (``savepoint`` None: the transaction is
+    durable when this returns; the caller's own commit then has nothing left to do) or
+    release ``savepoint`` (inside a group), in one round trip."""
     driver = conn.connection.driver_connection
     assert driver is not None
     params = [_step_params(run_id, r) for r in rows if r.changed]
     with driver.pipeline():
         if params:
             driver.cursor().executemany(UPDATE_STEPS, params)
-        driver.commit()
+        if savepoint is None:
+            driver.commit()
+        else:
+            driver.execute(f"RELEASE SAVEPOINT {savepoint}")
+
+
+def lock_group(conn: Connection, batches: Sequence[tuple[RunRecord, PreparedBatch, float]]) -> None:
+    """Create and lock, up front and in (run, step) order, every step row a group of
+    batches will touch, so that groups of several replicas never deadlock (a group
+    otherwise takes its batches' locks in arrival order)."""
+    wanted: dict[int, tuple[RunRecord, set[int], float]] = {}
+    for run, batch, now in batches:
+        _, steps, first = wanted.setdefault(run.id, (run, set(), now))
+        steps.update(batch.steps())
+        wanted[run.id] = (run, steps, min(first, now))
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    with driver.pipeline():
+        for run_id in sorted(wanted):
+            run, steps, now = wanted[run_id]
+            driver.execute(LOCK_STEPS, _lock_params(run, sorted(steps), now))
+
+
+def drop_empty_steps(conn: Connection, run_id: int, steps: Sequence[int]) -> None:
+    """Delete the open step rows of ``steps`` that nothing was stored for: rows that
+    :func:`lock_group` created for batches that then failed."""
+    conn.exec_driver_sql(
+        "DELETE FROM steps WHERE run_id = %(run)s AND step = ANY(%(steps)s::bigint[]) "
+        "AND status = 'open' AND committed_ranks = 0 AND received = 0",
+        {"run": run_id, "steps": list(steps)},
+    )
 
 
 def _step_params(run_id: int, row: StepRow) -> dict[str, Any]:

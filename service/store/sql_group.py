@@ -1,0 +1,115 @@
+"""Group commit: ingests that arrive while a transaction is in progress share the next one.
+
+Every batch still has to be durable before its answer, and on one step row the
+transactions of concurrent batches run one after another anyway (the step's row lock,
+or SQLite's single writer), each paying a ``COMMIT`` (an fsync). So a store's ingests
+queue here; the first one that finds no transaction in progress becomes the *leader*:
+it takes the queued batches (up to a bound in batches and bytes), runs them in ONE
+transaction — each inside its own savepoint, so a batch that raises is rolled back
+alone and only its request gets the error — commits once, and only then wakes every
+waiter with its own outcome. If the transaction itself fails (the ``COMMIT`` or a
+rollback to a savepoint), every batch of the group fails. The leader keeps leading
+until its own batch is done; then the next waiter in line takes over.
+
+A batch never waits for a timer: a lone batch is a group of one and runs as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from steptally.service.domain.batch import PreparedBatch
+from steptally.service.domain.run import RunRecord
+from steptally.service.store.base import IngestOutcome
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One queued batch and, once its group has committed, its outcome or error."""
+
+    run: RunRecord
+    batch: PreparedBatch
+    now: float
+    size: int
+    outcome: IngestOutcome | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+def batch_bytes(batch: PreparedBatch) -> int:
+    """A batch's rough size in the database: its values and presence masks."""
+    return sum(len(v) + (len(p) if p else 0) for v, p in batch.fragments.values()) + 16 * len(
+        batch.commits
+    )
+
+
+class GroupCommit:
+    """The queue and the leader hand-over; ``run_group`` stores a group in one transaction.
+
+    ``run_group`` sets each item's ``outcome`` or ``error``; if it raises, the whole
+    group fails with that exception.
+    """
+
+    def __init__(
+        self, run_group: Callable[[list[Pending]], None], max_batches: int, max_bytes: int
+    ) -> None:
+        self._run_group = run_group
+        self._max_batches = max_batches
+        self._max_bytes = max_bytes
+        self._cond = threading.Condition()
+        self._queue: deque[Pending] = deque()
+        self._leading = False
+
+    def queued(self) -> int:
+        """How many batches wait for a transaction (not counting a group in progress)."""
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
+        item = Pending(run, batch, now, batch_bytes(batch))
+        with self._cond:
+            self._queue.append(item)
+            while self._leading and not item.done:
+                self._cond.wait()
+            lead = not item.done
+            if lead:
+                self._leading = True
+        if lead:
+            try:
+                while not item.done:
+                    self._one_group()
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        assert item.outcome is not None
+        return item.outcome
+
+    def _one_group(self) -> None:
+        with self._cond:
+            group = [self._queue.popleft()]
+            size = group[0].size
+            while (
+                self._queue
+                and len(group) < self._max_batches
+                and size + self._queue[0].size <= self._max_bytes
+            ):
+                size += self._queue[0].size
+                group.append(self._queue.popleft())
+        try:
+            self._run_group(group)
+        except BaseException as exc:  # the transaction failed: nothing of it is durable
+            for p in group:
+                p.outcome, p.error = None, exc
+        finally:
+            with self._cond:
+                for p in group:
+                    if p.outcome is None and p.error is None:
+                        p.error = RuntimeError("the group's transaction did not finish")
+                    p.done = True
+                self._cond.notify_all()
