@@ -27,8 +27,10 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=1.0, gt=0)
     default_step_timeout_s: float = Field(default=300.0, gt=0)
     # group commit: at most this many batches (and bytes of values) share a transaction;
-    # 1 gives every batch its own transaction
-    ingest_group_max_batches: int = Field(default=64, ge=1)
+    # 1 gives every batch its own transaction. Unset: 64 on SQLite, where each commit is
+    # an fsync that grouping saves; 1 on PostgreSQL, where grouping gained nothing on the
+    # bench and lengthened the completing request (bench/README.md, Ingest)
+    ingest_group_max_batches: int | None = Field(default=None, ge=1)
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
     @field_validator("database_url")

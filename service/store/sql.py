@@ -60,9 +60,14 @@ class SqlStore:
 
     @classmethod
     def from_url(
-        cls, url: str, group_max_batches: int = 64, group_max_bytes: int = 16 << 20
+        cls, url: str, group_max_batches: int | None = None, group_max_bytes: int = 16 << 20
     ) -> SqlStore:
-        return cls(make_engine(url), group_max_batches, group_max_bytes)
+        """A store over ``url``; ``group_max_batches`` None picks the database's default
+        (64 on SQLite, 1 — no grouping — on PostgreSQL)."""
+        engine = make_engine(url)
+        if group_max_batches is None:
+            group_max_batches = 64 if engine.dialect.name == "sqlite" else 1
+        return cls(engine, group_max_batches, group_max_bytes)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -92,6 +93,12 @@ def _run_gated(
     return first_answer[0], answers
 
 
+@pytest.fixture
+def app_and_client(make_client: Any) -> Any:
+    """Grouping on, whatever the database's default (PostgreSQL's is off)."""
+    return make_client(ingest_group_max_batches=64)
+
+
 def _batches(app: Any) -> float:
     return app.state.registry.get_sample_value("steptally_batches_total") or 0.0
 
@@ -117,7 +124,8 @@ def test_concurrent_posts_of_one_step_share_transactions(
     step = api.step(0)
     assert (step["status"], step["revision"]) == ("complete", 1)
     assert step["metrics"]["n"]["value"] == ranks
-    assert step["metrics"]["a"]["value"] == sum(0.1 * r for r in range(ranks))  # fsum-exact
+    exact = sum((Fraction(0.1 * r) for r in range(ranks)), Fraction(0))
+    assert step["metrics"]["a"]["value"] == float(exact)
     assert _batches(app) - before == ranks  # telemetry counts every batch
 
 
@@ -199,7 +207,7 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
     """Each replica's groups take their batches' step locks in arrival order; taken up
     front in step order instead, two replicas' groups never wait on each other in a
     cycle (a deadlock would fail a whole group)."""
-    apps = [make_client(), make_client()]
+    apps = [make_client(ingest_group_max_batches=64) for _ in range(2)]
     apis = [api_of(client) for _, client in apps]
     ranks, steps = 16, 4
     apis[0].register(name="d", world_size=ranks)
@@ -225,3 +233,10 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
             1,
             float(ranks),
         )
+
+
+def test_grouping_defaults_to_on_for_sqlite_and_off_for_postgres(
+    make_client: Any, db_url: str
+) -> None:
+    app, _ = make_client()  # no ingest_group_max_batches: the database's default
+    assert (app.state.store._group is not None) == db_url.startswith("sqlite")
