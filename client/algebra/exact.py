@@ -73,8 +73,8 @@ class SumState:
         try:
             total = math.fsum(values)
             clean = math.isfinite(total)
-        except OverflowError:  # finite values whose partial sums left the float range
-            clean, total = True, None
+        except OverflowError:  # partial sums left the float range (NaN or inf may be there too)
+            clean, total = all(map(math.isfinite, values)), None
         except ValueError:  # both infinities
             clean = False
         if clean:

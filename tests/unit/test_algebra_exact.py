@@ -23,7 +23,13 @@ adversarial = st.one_of(
 
 
 def exact_sum(values: list[float]) -> float:
-    """The reference: the sum over Fractions, rounded once by Fraction -> float."""
+    """The reference: the sum over Fractions, rounded once by Fraction -> float; NaN and
+    the infinities as IEEE arithmetic has them in any order."""
+    if any(math.isnan(v) for v in values) or {math.inf, -math.inf} <= set(values):
+        return math.nan
+    for inf in (math.inf, -math.inf):
+        if inf in values:
+            return inf
     total = sum((Fraction(v) for v in values), Fraction(0))
     try:
         return float(total)
@@ -40,11 +46,20 @@ def shards(values: list[float], cuts: list[int]) -> list[list[float]]:
     return out
 
 
-@given(st.lists(adversarial, max_size=60))
+with_non_finite = st.one_of(adversarial, st.sampled_from([math.nan, math.inf, -math.inf]))
+
+
+@settings(max_examples=300)
+@given(st.lists(with_non_finite, max_size=60))
 def test_sum_is_the_correctly_rounded_exact_sum(values: list[float]) -> None:
     state = SumState()
     state.add_many(values)
-    assert state.value() == exact_sum(values)
+    got, expected = state.value(), exact_sum(values)
+    assert (math.isnan(got) and math.isnan(expected)) or got == expected
+    one_by_one = SumState()
+    for v in values:
+        one_by_one.add(v)
+    assert one_by_one == state
 
 
 def test_catastrophic_cancellation_across_ranks() -> None:
@@ -213,3 +228,24 @@ def test_bulk_extremes_equal_one_by_one(values: list[float], is_max: bool) -> No
     assert (math.isnan(a) and math.isnan(b)) or (
         a == b and math.copysign(1, a) == math.copysign(1, b)
     )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1e308, 1e308, math.nan],
+        [1e308, 1e308, -1e308, math.inf],
+        [-1e308, -1e308, math.inf, 1.0],
+    ],
+)
+def test_overflowing_partial_sums_beside_non_finite_values(values: list[float]) -> None:
+    state = SumState()
+    state.add_many(values)
+    one_by_one = SumState()
+    for v in values:
+        one_by_one.add(v)
+    assert state == one_by_one
+    assert state.non_finite == 1
+    expected = values[-1] if not math.isfinite(values[-1]) else values[-2]
+    got = state.value()
+    assert (math.isnan(got) and math.isnan(expected)) or got == expected
