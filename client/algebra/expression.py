@@ -25,6 +25,9 @@ _TOKEN = re.compile(
     r"\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)|([A-Za-z_]\w*)|(.))"
 )
 MAX_LENGTH = 1000
+MAX_DIGITS = 64  # a literal's digits, and the size of its decimal exponent: a literal is
+MAX_EXPONENT = 400  # exact, so 1e999999999 would be a billion-digit integer
+MAX_DEPTH = 100  # nested signs and parentheses
 
 
 class Undefined(Exception):
@@ -93,6 +96,7 @@ class _Parser:
         self.text = text
         self.tokens = _tokenize(text)
         self.pos = 0
+        self.depth = 0
 
     def _peek(self) -> tuple[str, str] | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -123,14 +127,29 @@ class _Parser:
         return node
 
     def _unary(self) -> Node:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self._fail(f"it nests signs and parentheses more than {MAX_DEPTH} deep")
         tok = self._peek()
         if tok == ("op", "-"):
             self.pos += 1
-            return Neg(self._unary())
-        if tok == ("op", "+"):
+            node: Node = Neg(self._unary())
+        elif tok == ("op", "+"):
             self.pos += 1
-            return self._unary()
-        return self._atom()
+            node = self._unary()
+        else:
+            node = self._atom()
+        self.depth -= 1
+        return node
+
+    def _number(self, text: str) -> Fraction:
+        mantissa, _, exponent = text.lower().partition("e")
+        if len(mantissa) > MAX_DIGITS or (exponent and abs(int(exponent)) > MAX_EXPONENT):
+            raise self._fail(
+                f"the number {text!r} is out of range: use at most {MAX_DIGITS} digits "
+                f"and an exponent from -{MAX_EXPONENT} to {MAX_EXPONENT}"
+            )
+        return Fraction(text)
 
     def _atom(self) -> Node:
         tok = self._peek()
@@ -139,7 +158,7 @@ class _Parser:
         self.pos += 1
         kind, text = tok
         if kind == "num":
-            return Num(Fraction(text))
+            return Num(self._number(text))
         if kind == "name":
             return Name(text)
         if text == "(":

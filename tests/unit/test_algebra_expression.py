@@ -31,11 +31,33 @@ def test_precedence_and_exact_literals(text: str, expected: Fraction) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "a +", "(a", "a)", "a $ b", "__import__('os')", "a ** b", "1 2", "a.b", "[a]"],
+    [
+        "",
+        "a +",
+        "(a",
+        "a)",
+        "a $ b",
+        "__import__('os')",
+        "a ** b",
+        "1 2",
+        "a.b",
+        "[a]",
+        "1e999999999",  # exact literals: an exponent this size would never finish
+        "2e-401",
+        "1" * 65,
+        "(" * 400 + "a" + ")" * 400,  # deeper than the parser goes
+        "-" * 900 + "a",
+    ],
 )
 def test_bad_expressions_are_rejected(text: str) -> None:
     with pytest.raises(ExpressionError):
         ex.parse(text)
+
+
+def test_moderate_nesting_is_fine() -> None:
+    values = {"a": Fraction(3)}
+    assert ex.evaluate(ex.parse("(" * 50 + "a" + ")" * 50), values.__getitem__) == 3
+    assert ex.evaluate(ex.parse("-" * 51 + "a"), values.__getitem__) == -3
 
 
 def test_zero_denominator_is_undefined_with_a_reason() -> None:
