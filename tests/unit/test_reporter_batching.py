@@ -146,17 +146,8 @@ def test_stats_line_is_logged_periodically(
 ) -> None:
     service = FakeService()
     caplog.set_level(logging.INFO, logger="steptally.reporter")
-    with Reporter(
-        "http://steptally.test",
-        run="r",
-        spec=SPEC,
-        rank=0,
-        world_size=1,
-        transport=service.transport(),
-        spool_dir=tmp_path,
-        log_every_s=0.05,
-        options=ReporterOptions(flush_interval_s=0.02),
-    ) as reporter:
+    options = ReporterOptions(flush_interval_s=0.02)
+    with fake_reporter(service, tmp_path, SPEC, options, log_every_s=0.05) as reporter:
         reporter.log(0, ROW)
         assert reporter.flush(5)
         assert wait_until(lambda: any("sent=1 " in m for m in caplog.messages), timeout=3)
