@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the real peers the test suite talks to are up: PostgreSQL and Redis on
-# 127.0.0.1, and the prometheus binary. Starts or installs whatever is missing.
+# 127.0.0.1, and the prometheus, pushgateway and chromium binaries. Starts or installs
+# whatever is missing.
 set -euo pipefail
 
 apt_updated=0
@@ -37,5 +38,10 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
     wait_for Redis sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
 fi
 
-command -v prometheus >/dev/null || apt_install prometheus
-echo "ensure-services: PostgreSQL, Redis and prometheus are ready"
+# the real peers of the exposition, Grafana-query and browser tests
+missing=()
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v prometheus-pushgateway >/dev/null || missing+=(prometheus-pushgateway)
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
+if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
+echo "ensure-services: PostgreSQL, Redis, prometheus, pushgateway and chromium are ready"
