@@ -1,27 +1,30 @@
-"""Reproducible sums: the same bits whatever the layout, padding, order or device.
+"""Exact sums: the same bits whatever the layout, padding, order or device.
 
 A plain ``tensor.sum`` rounds along a reduction tree that depends on the shape, the
 kernel and the device, so the same tokens laid out as a padded ``[B, T]`` batch or as a
-packed sequence give sums that differ in the last bits. :func:`exact_sum` instead
-pre-rounds every value onto a grid fixed by the largest magnitude (the "binned" scheme of
-Demmel and Nguyen's ReproBLAS): on each fold, ``(x + σ) - σ`` rounds ``x`` to a multiple
-of ``ulp(σ)``, and because every such multiple and every partial sum of them is exact in
-float64, the fold's sum is exact in any order. The remainder ``x - hi`` (also exact) goes
-to the next fold. Three folds keep about 63 bits below the largest magnitude; the folds are
-then added smallest first, so the result is within about one ulp of the exact sum and
-identical for any arrangement of the same multiset of values. Zeros (padding, masked
-positions) change nothing.
+packed sequence give sums that differ in the last bits. :func:`exact_sum` instead adds
+every value *exactly*, into integer limbs (a superaccumulator, as in Neal's "small
+superaccumulator"): a finite float64 is ``m · 2**(p - 1074)`` with an integer ``m`` of at
+most 53 bits and ``0 <= p <= 2045``; its bits land in three 32-bit digits of the limbs
+``p // 32 … p // 32 + 2``, where limb ``j`` is worth ``2**(32 j - 1074)``. Integer
+addition is exact and associative, so the limbs — and everything computed from them —
+are the same for any arrangement of the same multiset of values, however far apart
+their magnitudes and however much they cancel (``[1.0, 1e200, -1e200]`` sums to 1.0).
+
+The limbs are read out as a float64 within one ulp of the exact sum: two carry passes
+bring every limb below the top into ``[-1, 2**32]``, each limb is scaled to an exact
+float64, and the limbs are added from the top down, where every addition is exact until
+the partial sum needs more than 53 bits, after which what remains is below one ulp.
+Zeros (padding, masked positions) add nothing; a sum of only ``-0.0`` is ``+0.0``.
 
 The sum is differentiable: its gradient is 1 for every element, as for ``tensor.sum``.
-Non-finite values are data: when the plain sum is not finite (an inf or a NaN among the
-values), it is the result, as IEEE arithmetic gives it in any order. Sums of up to 2**33
-values per row are exact per fold; magnitudes above 2**989 fall outside the guarantee,
-and so does the one-ulp accuracy of a row whose largest magnitude is below 2**-950 (its
-grid is coarser than its values; the result is still the same bits in any order).
-The folds run without autograd on two float64 buffers, in place; the gradient rides on
-``plain - plain.detach()``, which is exactly 0. No host sync anywhere. Rows are summed
-independently, so :func:`exact_sums` stacks many same-shaped rows into one call (one
-set of kernels instead of one per row) without changing a bit of any of them.
+Non-finite values are data: a row holding an inf or a NaN gives the plain IEEE sum (as
+IEEE arithmetic gives it in any order); an exact sum beyond the float64 range is
+±inf. Rows of up to 2**29 values are exact (no int64 limb can overflow). Everything runs
+on the values' device without autograd and without a host sync; the gradient rides on
+``plain - plain.detach()``, which is exactly 0. Rows are summed independently, so
+:func:`exact_sums` stacks many same-shaped rows into one call (one set of kernels
+instead of one per row) without changing a bit of any of them.
 """
 
 from __future__ import annotations
@@ -31,57 +34,80 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-_HEADROOM = 32  # log2 of the terms one fold can sum exactly, minus one
-_FOLDS = 3
-_STEP = 53 - _HEADROOM  # the grid of the next fold starts where the remainder ends
-_NEXT_GRID = 2.0**-_STEP  # exact: every grid stays a normal float64 (see _folded)
+_DIGIT = 32
+_MASK = (1 << _DIGIT) - 1
+# the largest finite float64 has p = 2045: digits up to limb 2045 // 32 + 2 = 65
+LIMBS = 66
+_CARRY_PASSES = 2  # |limb| < 2**53 → carries below 2**21 → carries in {-1, 0, 1}
 
 
-def _folded(values: Tensor, *, owned: bool = False) -> Tensor:
-    """The binned sum of finite float64 ``values`` (no autograd; two float64 buffers, in
-    place). With ``owned`` the caller hands ``values`` over and it is used as the first
-    buffer (its contents are destroyed); otherwise it is copied.
+def _digits(values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For finite float64 ``values``: the lowest limb each value touches and its three
+    signed digits, ``x = (d0 + d1·2**32 + d2·2**64) · 2**(32·limb - 1074)`` exactly."""
+    bits = values.view(torch.int64)
+    biased = (bits >> 52) & 0x7FF
+    mantissa = (bits & ((1 << 52) - 1)) | (biased.clamp(max=1) << 52)  # implicit bit
+    sign = bits >> 63  # 0, or -1 for a negative value
+    mantissa = (mantissa ^ sign) - sign
+    shift = (biased - 1).clamp(min=0)  # x = mantissa · 2**(shift - 1074), subnormals too
+    limb, offset = shift >> 5, shift & (_DIGIT - 1)
+    low = (mantissa & _MASK) << offset  # below 2**63
+    high = (mantissa >> _DIGIT) << offset  # |high| below 2**52
+    return limb, low & _MASK, (low >> _DIGIT) + (high & _MASK), high >> _DIGIT
 
-    The grid exponents are clamped to [-1000, 989] + ``_HEADROOM``, so the three grids
-    ``σ_f = 1.5·2**(e + 32 - 21 f)`` lie in [2**-1010, 2**1022): each is the previous one
-    times ``2**-21``, exactly, without rebuilding it from its exponent.
-    """
-    top = torch.maximum(-values.amin(-1, keepdim=True), values.amax(-1, keepdim=True))
-    exponent = torch.frexp(top).exponent.to(torch.int64).clamp(-1000, 989)
-    # 2**(exponent + _HEADROOM) from its bits (exact on every device; always normal)
-    sigma = 1.5 * ((exponent + (_HEADROOM + 1023)) << 52).view(torch.float64)
-    body = values if owned else values.clone()
-    grid = torch.empty_like(body)
-    parts: list[Tensor] = []
-    for fold in range(_FOLDS):
-        if fold:
-            sigma = sigma * _NEXT_GRID
-        torch.add(body, sigma, out=grid)
-        grid.sub_(sigma)
-        parts.append(grid.sum(-1))
-        if fold + 1 < _FOLDS:
-            body.sub_(grid)
-    total = parts[-1]
-    for part in reversed(parts[:-1]):
-        total = total + part
+
+def limbs(values: Tensor) -> Tensor:
+    """The exact sum of finite float64 ``values`` along the last dimension, as
+    ``[..., LIMBS]`` int64 limbs (limb ``j`` worth ``2**(32 j - 1074)``), carried so that
+    every limb below the top lies in ``[-1, 2**32]``."""
+    lead = values.shape[:-1]
+    flat = values.reshape(-1, values.shape[-1]) if values.dim() else values.reshape(1, 1)
+    rows = flat.shape[0]
+    limb, d0, d1, d2 = _digits(flat)
+    index = (limb + LIMBS * torch.arange(rows, device=flat.device).unsqueeze(1)).reshape(-1)
+    acc = torch.zeros(rows * LIMBS, dtype=torch.int64, device=flat.device)
+    acc.index_add_(0, index, d0.reshape(-1))
+    acc[1:].index_add_(0, index, d1.reshape(-1))  # limb + 2 <= 65: never crosses a row
+    acc[2:].index_add_(0, index, d2.reshape(-1))
+    acc = acc.view(rows, LIMBS)
+    for _ in range(_CARRY_PASSES):
+        carry = acc[:, :-1] >> _DIGIT
+        acc = torch.cat([acc[:, :-1] & _MASK, acc[:, -1:]], dim=1)
+        acc[:, 1:] += carry
+    return acc.view(*lead, LIMBS)
+
+
+def _scales(device: torch.device) -> Tensor:
+    """``2**(32 j - 1074)`` for every limb, from its bits (exact on every device): the
+    biased exponent for a normal power, the lone mantissa bit ``32 j`` for a subnormal."""
+    position = torch.arange(LIMBS, dtype=torch.int64, device=device) * _DIGIT
+    biased = position - 1074 + 1023
+    return torch.where(biased >= 1, biased << 52, 1 << position.clamp(max=52)).view(torch.float64)
+
+
+def read_out(acc: Tensor) -> Tensor:
+    """The float64 within one ulp of the exact value of carried ``limbs``."""
+    parts = acc.to(torch.float64) * _scales(acc.device)  # each exact
+    total = parts[..., -1]
+    for j in range(LIMBS - 2, -1, -1):  # top down: exact until a partial needs 54+ bits
+        total = total + parts[..., j]
     return total
 
 
-def _exact_sum(values: Tensor, *, owned: bool) -> Tensor:
+def exact_sum(values: Tensor) -> Tensor:
+    """The float64 within one ulp of the exact sum of ``values`` along its last
+    dimension: the same bits for any arrangement of the same values."""
     converted = values.to(torch.float64)
     plain = converted.sum(-1)  # non-finite data (inf, NaN) decides the result by IEEE rules
     with torch.no_grad():
-        folded = _folded(converted.detach(), owned=owned or converted is not values)
+        detached = converted.detach()
+        finite = torch.isfinite(detached).all(-1)
+        exact = read_out(limbs(torch.where(torch.isfinite(detached), detached, 0.0)))
     if plain.requires_grad:
         # plain - plain.detach() is exactly +0 where finite and carries the gradient (1 per
-        # value); the folded sum is never -0, so without a gradient it is left out
-        folded = folded + (plain - plain.detach())
-    return torch.where(torch.isfinite(plain), folded, plain)
-
-
-def exact_sum(values: Tensor) -> Tensor:
-    """The reproducible float64 sum of ``values`` along its last dimension."""
-    return _exact_sum(values, owned=False)
+        # value); the exact sum is never -0, so without a gradient it is left out
+        exact = exact + (plain - plain.detach())
+    return torch.where(finite, exact, plain)
 
 
 def exact_sums(rows: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -91,4 +117,4 @@ def exact_sums(rows: Mapping[str, Tensor]) -> dict[str, Tensor]:
     if not rows:
         return {}
     stacked = torch.stack([row.to(torch.float64) for row in rows.values()])
-    return dict(zip(rows, _exact_sum(stacked, owned=True).unbind(0), strict=True))
+    return dict(zip(rows, exact_sum(stacked).unbind(0), strict=True))

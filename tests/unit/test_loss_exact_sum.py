@@ -1,4 +1,5 @@
-"""exact_sum: the same bits for any order, padding or grouping; within an ulp of exact."""
+"""exact_sum: the same bits for any order, padding or grouping; within an ulp of exact,
+however the values cancel or how far apart their magnitudes are."""
 
 from __future__ import annotations
 
@@ -12,18 +13,55 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from steptally.client.loss import exact_sum  # noqa: E402
-from steptally.client.loss.exact_sum import exact_sums  # noqa: E402
+from steptally.client.loss.exact_sum import exact_sums, limbs  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 finite = st.floats(
-    allow_nan=False, allow_infinity=False, width=64, min_value=-1e200, max_value=1e200
+    allow_nan=False, allow_infinity=False, width=64, min_value=-1e300, max_value=1e300
 )
+# values that cancel: x and -x both present, so the sum is far below the largest magnitude
+cancelling = st.lists(finite, min_size=1, max_size=20).map(lambda xs: xs + [-x for x in xs[1:]])
+
+
+def _within_an_ulp(got: float, values: list[float]) -> bool:
+    exact = sum(map(Fraction, values))
+    return abs(Fraction(got) - exact) <= Fraction(math.ulp(float(exact)))
+
+
+# hypothesis's finds against the binned sum this replaces, and cancellation cases around them
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, 1e200, -1e200],
+        [1.0, 1e100, -1e100, 1e200, -1e200],
+        [-1.0],
+        [2.0**-1074, -(2.0**-1074), 2.0**-1074],
+        [1e300, 1.0, -1e300, 2.0**-1074],
+        [2.0**52 + 1, -(2.0**52), 0.5, 2.0**-60],
+        [1.7976931348623157e308, -1.7976931348623157e308, 1e-300],
+    ],
+)
+def test_small_terms_survive_cancellation(values):
+    got = float(exact_sum(torch.tensor(values, dtype=torch.float64)))
+    assert _within_an_ulp(got, values)
+    assert got == float(sum(map(Fraction, values)))  # these are all correctly rounded
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=60) | cancelling)
+def test_limbs_are_the_exact_sum(values):
+    weights = [Fraction(2) ** (32 * j - 1074) for j in range(66)]
+    got = limbs(torch.tensor(values, dtype=torch.float64)).tolist()
+    assert sum(Fraction(limb) * w for limb, w in zip(got, weights, strict=True)) == sum(
+        map(Fraction, values)
+    )
+    assert all(-1 <= limb <= 2**32 for limb in got[:-1])
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(finite, min_size=1, max_size=300),
+    st.lists(finite, min_size=1, max_size=300) | cancelling,
     st.randoms(use_true_random=False),
     st.integers(0, 40),
 )
@@ -34,9 +72,7 @@ def test_order_and_padding_do_not_change_a_bit(values, rnd, pad):
     y = torch.tensor(shuffled + [0.0] * pad, dtype=torch.float64)
     a, b = exact_sum(x), exact_sum(y)
     assert torch.equal(a, b)
-    exact = sum(map(Fraction, values))
-    if abs(exact) >= 2.0**-900:  # below, the grid is coarser than the values (documented)
-        assert abs(Fraction(float(a)) - exact) <= Fraction(2 * math.ulp(float(exact)))
+    assert _within_an_ulp(float(a), values)
     # rows of a 2-D input are summed independently
     assert torch.equal(exact_sum(torch.stack([x, x]))[1], a)
 
@@ -46,6 +82,11 @@ def test_non_finite_values_are_data():
     assert float(exact_sum(torch.tensor([1.0, inf]))) == inf
     assert math.isnan(float(exact_sum(torch.tensor([inf, -inf]))))
     assert math.isnan(float(exact_sum(torch.tensor([1.0, nan]))))
+    # an exact sum beyond the float64 range is infinite; one inside it is not, even when
+    # adding the values in order overflows
+    big = 1.7976931348623157e308
+    assert float(exact_sum(torch.tensor([big, big], dtype=torch.float64))) == inf
+    assert float(exact_sum(torch.tensor([big, big, -big], dtype=torch.float64))) == big
 
 
 def test_gradient_is_one():
