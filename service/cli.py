@@ -2,7 +2,7 @@
 
     steptally migrate [--database-url URL]
     steptally serve   [--database-url URL] [--host H] [--port P] [--workers N]
-    steptally demo    [--url URL | --serve] [--steps N] [--ranks N]
+    steptally demo    [--url URL | --serve] [--run NAME] [--steps N] [--ranks N] [--interval S]
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
 :class:`~steptally.service.settings.Settings`.
@@ -11,6 +11,7 @@ Options fall back to the ``STEPTALLY_*`` environment variables of
 from __future__ import annotations
 
 import os
+import time
 from typing import Annotated, Any
 
 import typer
@@ -100,8 +101,14 @@ def demo(
     ] = False,
     database_url: DatabaseUrl = None,
     port: Annotated[int | None, typer.Option(help="Port for --serve.")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Steps to simulate.")] = 30,
+    run: Annotated[
+        str | None, typer.Option(help="Run name (default: demo-grpo-<date>-<time>, a new run).")
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Steps to simulate.")] = 120,
     ranks: Annotated[int, typer.Option(min=1, max=64, help="Ranks to simulate.")] = 8,
+    interval: Annotated[
+        float, typer.Option(min=0.0, help="Seconds between steps (slow enough to watch).")
+    ] = 1.0,
     keep_serving: Annotated[
         bool, typer.Option(help="With --serve, keep serving after the demo (Ctrl-C stops).")
     ] = True,
@@ -114,21 +121,25 @@ def demo(
     except ImportError as exc:
         typer.echo(f"steptally: the demo needs torch: pip install 'steptally[torch]' ({exc})")
         raise typer.Exit(2) from None
-    plan = DemoPlan(steps=steps, ranks=ranks)
+    started = time.localtime()
+    name = run or time.strftime("demo-grpo-%Y%m%d-%H%M%S", started)
+    # a new run each time, with its own draw of the data, so runs can be compared
+    seed = int(time.mktime(started)) if run is None else 0
+    plan = DemoPlan(run=name, steps=steps, ranks=ranks, step_interval_s=interval, seed=seed)
     if not serve_too:
-        run_demo(url or "http://127.0.0.1:8000", plan, typer.echo)
+        base = url or "http://127.0.0.1:8000"
+        typer.echo(f"steptally: watch the run at {base}/runs/{name}")
+        run_demo(base, plan, typer.echo)
         return
     from steptally.service.embedded import EmbeddedServer
 
     settings = settings_with(database_url=database_url, port=port)
     with EmbeddedServer(settings) as server:
-        typer.echo(
-            f"steptally: serving on {server.url}  (runs {server.url}/v1/runs, "
-            f"metrics {server.url}/metrics)"
-        )
+        typer.echo(f"steptally: dashboard  {server.url}/  (this run: {server.url}/runs/{name})")
+        typer.echo(f"steptally: REST API   {server.url}/docs   Prometheus {server.url}/metrics")
         run_demo(server.url, plan, typer.echo)
         if keep_serving:
-            typer.echo(f"steptally: still serving on {server.url}; Ctrl-C stops")
+            typer.echo(f"steptally: still serving; the dashboard is at {server.url}/; Ctrl-C stops")
             server.wait()
 
 
