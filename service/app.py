@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import errors, fragments, health, metrics, runs, steps
+from steptally.service.api.instrument import RequestMetrics
 from steptally.service.exposition import RunValueCollector
 from steptally.service.settings import Settings
 from steptally.service.store.schema import check_current
@@ -72,6 +73,7 @@ def create_app(
     app.state.store = store
     app.state.service = service
     errors.install(app)
+    app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, health, metrics):
         app.include_router(module.router)
     return app

@@ -1,8 +1,26 @@
 """The service's own Prometheus metrics, registered on the app's injected registry.
 
-The use cases call these; the ``/metrics`` route and the collector of run values
-are built on top of the same registry elsewhere. Never the global default registry:
-each app (and each test) has its own.
+The use cases, the error handler and the request middleware call these; the
+``/metrics`` route and the collector of run values are built on top of the same
+registry elsewhere. Never the global default registry: each app (and each test) has
+its own. The names (``/metrics`` shows the HELP text of each):
+
+* ``steptally_http_request_duration_seconds{method, route, status}`` — histogram of the
+  time from a request's arrival to its response headers, by HTTP method, route
+  template (``/v1/runs/{run}/fragments``, never the raw path; ``unmatched`` when no
+  route matched) and HTTP status code; its ``_count`` is the request counter;
+* ``steptally_fragments_accepted_total{run}`` — fragments stored;
+* ``steptally_fragments_duplicate_total{run}`` — fragments received again with the same
+  values (acknowledged, stored once);
+* ``steptally_requests_rejected_total{code}`` — requests answered with an error, by the
+  error code of the JSON answer (``fragment_conflict``, ``invalid_payload``, ...); a
+  rejected batch stores none of its fragments;
+* ``steptally_commits_total{run}`` and ``steptally_batches_total`` — commits and
+  batches stored;
+* ``steptally_finalise_seconds`` — histogram of the time from the arrival of the
+  request (or sweep) that finalises a step to its stored result;
+* ``steptally_steps_finalised_total{run, status}`` — finalisations by resulting status
+  (``complete`` or ``partial``; a revision counts again).
 """
 
 from __future__ import annotations
@@ -12,32 +30,38 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from steptally.service.store.base import FinalisedStep, IngestOutcome
 
 FINALISE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REQUEST_BUCKETS = (0.0005, *FINALISE_BUCKETS)
 
 
 class Telemetry:
-    """Counters and histograms of ingest, rejects and finalisation."""
+    """Counters and histograms of requests, ingest, rejects and finalisation."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.fragments_ingested = Counter(
-            "steptally_fragments_ingested_total",
-            "Fragments stored (duplicates not counted).",
-            ["run"],
+        self.request_seconds = Histogram(
+            "steptally_http_request_duration_seconds",
+            "From a request's arrival to its response headers, by method, route template "
+            "and status code.",
+            ["method", "route", "status"],
+            buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        self.fragment_duplicates = Counter(
-            "steptally_fragment_duplicates_total",
-            "Fragments received again with the same values (acknowledged, counted once).",
+        self.fragments_accepted = Counter(
+            "steptally_fragments_accepted_total", "Fragments stored.", ["run"], registry=registry
+        )
+        self.fragments_duplicate = Counter(
+            "steptally_fragments_duplicate_total",
+            "Fragments received again with the same values (acknowledged, stored once).",
             ["run"],
             registry=registry,
         )
         self.commits = Counter(
-            "steptally_commits_total", "Commits recorded.", ["run"], registry=registry
+            "steptally_commits_total", "Commits stored.", ["run"], registry=registry
         )
-        self.rejects = Counter(
-            "steptally_rejects_total",
-            "Rejected requests by error code.",
-            ["reason"],
+        self.requests_rejected = Counter(
+            "steptally_requests_rejected_total",
+            "Requests answered with an error, by the error code of the answer.",
+            ["code"],
             registry=registry,
         )
         self.batches = Counter(
@@ -57,12 +81,15 @@ class Telemetry:
             registry=registry,
         )
 
+    def request_done(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.request_seconds.labels(method, route, str(status)).observe(seconds)
+
     def batch_stored(self, run: str, outcome: IngestOutcome, seconds: float) -> None:
         self.batches.inc()
         if outcome.accepted:
-            self.fragments_ingested.labels(run).inc(outcome.accepted)
+            self.fragments_accepted.labels(run).inc(outcome.accepted)
         if outcome.duplicates:
-            self.fragment_duplicates.labels(run).inc(outcome.duplicates)
+            self.fragments_duplicate.labels(run).inc(outcome.duplicates)
         if outcome.commits:
             self.commits.labels(run).inc(outcome.commits)
         self.steps_done(outcome.finalised, seconds)
@@ -73,4 +100,4 @@ class Telemetry:
             self.finalise_seconds.observe(seconds)
 
     def rejected(self, code: str) -> None:
-        self.rejects.labels(code).inc()
+        self.requests_rejected.labels(code).inc()

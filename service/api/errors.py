@@ -5,7 +5,7 @@
 Domain errors (:mod:`steptally.service.errors`) carry their status and code;
 FastAPI's validation errors become 422 ``invalid_payload``, or 400 ``bad_json`` when
 the body is not JSON at all. Every error answer is counted in
-``steptally_rejects_total{reason=code}``.
+``steptally_requests_rejected_total{code}``.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_exact_values_survive_a_real_scrape(
     assert prom.value('steptally_last_finalised_step{run="grpo"}') == 1.0
     assert prom.value('steptally_last_step_complete{run="grpo"}') == 0.0
     assert prom.value('steptally_metric_value{run="grpo",metric="num"}') == 1.0
-    assert prom.value('steptally_fragments_ingested_total{run="grpo"}') == 4.0
+    assert prom.value('steptally_fragments_accepted_total{run="grpo"}') == 4.0
     assert prom.value("steptally_finalise_seconds_count") == 2.0
 
 
@@ -178,8 +178,9 @@ def test_collector_yields_exact_samples_on_a_fresh_registry(api: Any, app: Any) 
     names = {f.name for f in text_string_to_metric_families(text.text)}
     assert {
         "steptally_metric_value",
-        "steptally_fragments_ingested",
-        "steptally_rejects",
+        "steptally_fragments_accepted",
+        "steptally_requests_rejected",
+        "steptally_http_request_duration_seconds",
         "steptally_finalise_seconds",
         "steptally_open_steps",
     } <= names

@@ -136,7 +136,7 @@ def test_conflicting_batch_fails_alone_inside_its_group(
     api.send([(0, 0, 0, {"a": 1.0, "n": 1})])
     rejects_before = (
         app.state.registry.get_sample_value(
-            "steptally_rejects_total", {"reason": "fragment_conflict"}
+            "steptally_requests_rejected_total", {"code": "fragment_conflict"}
         )
         or 0.0
     )
@@ -163,7 +163,7 @@ def test_conflicting_batch_fails_alone_inside_its_group(
     assert step["ranks_committed"] == [1, 2, 3]
     assert step["metrics"]["a"]["value"] == 1.0 + 10.0 + 20.0 + 30.0
     rejects = app.state.registry.get_sample_value(
-        "steptally_rejects_total", {"reason": "fragment_conflict"}
+        "steptally_requests_rejected_total", {"code": "fragment_conflict"}
     )
     assert rejects == rejects_before + 1
     # rank 0 completes the step afterwards, finalised once

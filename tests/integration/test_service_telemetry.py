@@ -21,12 +21,12 @@ def test_ingest_counters(api: Api, app: Any, clock: Any) -> None:
     api.send([(1, 1, 0, {"a": 1.0})])
     clock.now += 5
     app.state.service.sweep()
-    assert _sample(app, "steptally_fragments_ingested_total", run="r") == 4
-    assert _sample(app, "steptally_fragment_duplicates_total", run="r") == 1
+    assert _sample(app, "steptally_fragments_accepted_total", run="r") == 4
+    assert _sample(app, "steptally_fragments_duplicate_total", run="r") == 1
     assert _sample(app, "steptally_commits_total", run="r") == 2
     assert _sample(app, "steptally_batches_total") == 4
-    assert _sample(app, "steptally_rejects_total", reason="fragment_conflict") == 1
-    assert _sample(app, "steptally_rejects_total", reason="rank_out_of_range") == 1
+    assert _sample(app, "steptally_requests_rejected_total", code="fragment_conflict") == 1
+    assert _sample(app, "steptally_requests_rejected_total", code="rank_out_of_range") == 1
     assert _sample(app, "steptally_steps_finalised_total", run="r", status="complete") == 1
     assert _sample(app, "steptally_steps_finalised_total", run="r", status="partial") == 1
     assert _sample(app, "steptally_finalise_seconds_count") == 2
@@ -47,3 +47,30 @@ def test_exposition_snapshot(api: Api, app: Any, clock: Any) -> None:
     assert (snap.last_status.value, snap.last_revision) == ("partial", 1)
     assert (snap.open_steps, snap.partial_steps, snap.missing_ranks) == (1, 2, 4)
     assert snap.values["a"] == 1.0 and snap.values["mean"] is None
+
+
+def test_requests_timed_by_route_template_and_status(api: Api, app: Any) -> None:
+    api.register(world_size=1)
+    api.send([(0, 0, 0, {"a": 1.0})], [(0, 0, 1)])
+    api.step(0)
+    api.step(0)
+    assert api.client.get("/v1/runs/r/steps/99").status_code == 404
+    assert api.client.get("/no/such/path").status_code == 404
+    api.send([(1, 0, 0, {"a": "not a number"})])
+
+    def count(method: str, route: str, status: str) -> float:
+        labels = {"method": method, "route": route, "status": status}
+        return _sample(app, "steptally_http_request_duration_seconds_count", **labels)
+
+    assert count("POST", "/v1/runs", "201") == 1
+    assert count("POST", "/v1/runs/{run}/fragments", "200") == 1
+    assert count("POST", "/v1/runs/{run}/fragments", "422") == 1
+    assert count("GET", "/v1/runs/{run}/steps/{step}", "200") == 2
+    assert count("GET", "/v1/runs/{run}/steps/{step}", "404") == 1
+    assert count("GET", "unmatched", "404") == 1
+    assert _sample(app, "steptally_requests_rejected_total", code="unknown_step") == 1
+    assert _sample(app, "steptally_requests_rejected_total", code="invalid_payload") == 1
+    text = api.client.get("/metrics").text
+    assert "/v1/runs/r/" not in text  # a template, never a raw path
+    assert "_created" not in text
+    assert 'route="/v1/runs/{run}/steps/{step}",status="200"' in text
