@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import errors, fragments, health, metrics, runs, steps
 from steptally.service.api.instrument import RequestMetrics
+from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
 from steptally.service.settings import Settings
 from steptally.service.store.schema import check_current
@@ -76,4 +77,5 @@ def create_app(
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, health, metrics):
         app.include_router(module.router)
+    dashboard.install(app)
     return app

@@ -1,0 +1,231 @@
+// The run page: charts per metric (derived means first), the completeness heat map,
+// the step detail panel, overlays, a view held in the URL, and live steps over SSE.
+
+import { allRunNames, getRun, metricOrder } from "./api.js";
+import { MetricChart, OVERLAY_COLOURS } from "./chart.js";
+import { StepDetail } from "./detail.js";
+import { el, integer, when } from "./format.js";
+import { Heatmap } from "./heatmap.js";
+import { follow } from "./live.js";
+import { readView, writeView } from "./view.js";
+
+const $ = (id) => document.getElementById(id);
+
+class RunPage {
+  constructor(run) {
+    this.run = run;
+    this.state = readView();
+    this.charts = new Map();
+    this.visible = new Set();
+  }
+
+  view() {
+    return this.state;
+  }
+
+  async start() {
+    const live = follow(this.run, (s) => this.onStep(s), (state) => this.onLive(state));
+    const info = await getRun(this.run);
+    this.info = info;
+    this.worldSize = info.world_size;
+    this.metricOrder = metricOrder(info);
+    this.firstMetric = this.metricOrder[0] ?? null;
+    this.summarise(info);
+    this.heatmap = new Heatmap(this, $("heatmap"), $("heat-readout"));
+    this.detail = new StepDetail(this, $("detail"));
+    this.buildPicker();
+    this.buildOverlay();
+    this.buildCharts();
+    this.showRange();
+    await Promise.race([live, new Promise((r) => setTimeout(r, 2000))]);
+    this.ready = true;
+    this.observe();
+    this.heatmap.load();
+    if (this.state.step !== null) this.detail.show(this.state.step);
+    window.addEventListener("resize", () => this.resized());
+  }
+
+  summarise(info) {
+    const s = info.steps;
+    const last = info.last_finalised_step;
+    const at = info.last_finalised_at ? ` ${when(info.last_finalised_at)}` : "";
+    $("run-summary").textContent =
+      `${info.world_size} ranks · ${integer(s.complete)} complete · ${integer(s.partial)} partial · ${integer(s.open)} open` +
+      (last === null ? "" : ` · last step ${integer(last)}${at}`);
+  }
+
+  shownMetrics() {
+    const chosen = new Set(this.state.metrics);
+    return chosen.size ? this.metricOrder.filter((m) => chosen.has(m)) : this.metricOrder;
+  }
+
+  buildCharts() {
+    const box = $("charts");
+    box.replaceChildren();
+    this.charts.clear();
+    const shown = new Set(this.shownMetrics());
+    const derived = Object.keys(this.info.derived ?? {}).filter((m) => shown.has(m));
+    const declared = Object.keys(this.info.metrics ?? {}).filter((m) => shown.has(m));
+    const group = (title, names, subtitle) => {
+      if (!names.length) return;
+      const grid = el("div", { class: "charts" });
+      for (const name of names) {
+        const chart = new MetricChart(this, name, subtitle(name), subtitle(name));
+        this.charts.set(name, chart);
+        grid.append(chart.card);
+      }
+      box.append(el("h2", { class: "section-title" }, title), grid);
+    };
+    group("Derived means", derived, (m) => `= ${this.info.derived[m]}`);
+    group("Declared metrics", declared, (m) => this.info.metrics[m]);
+    this.observe();
+  }
+
+  // Cards fetch their series when they come near the viewport.
+  observe() {
+    this.observer?.disconnect();
+    if (!this.ready) return;
+    this.observer = new IntersectionObserver(
+      (entries) => {
+        for (const entry of entries) {
+          const chart = this.charts.get(entry.target.dataset.metric);
+          if (!chart) continue;
+          if (entry.isIntersecting) {
+            this.visible.add(chart);
+            if (chart.stale) chart.load();
+          } else this.visible.delete(chart);
+        }
+      },
+      { rootMargin: "300px 0px" },
+    );
+    for (const chart of this.charts.values()) this.observer.observe(chart.card);
+  }
+
+  // A new view range or overlay: visible charts refetch now, the rest when seen.
+  reload() {
+    writeView(this.state);
+    this.showRange();
+    for (const chart of this.charts.values()) {
+      chart.stale = true;
+      if (this.visible.has(chart)) chart.load();
+    }
+    this.heatmap.load();
+  }
+
+  zoom(start, end) {
+    if (this.state.start === start && this.state.end === end) return;
+    Object.assign(this.state, { start, end });
+    this.reload();
+  }
+
+  select(step) {
+    this.state.step = step;
+    writeView(this.state);
+    this.detail.show(step);
+  }
+
+  close() {
+    this.state.step = null;
+    writeView(this.state);
+    this.detail.hide();
+  }
+
+  showRange() {
+    const { start, end } = this.state;
+    const zoomed = start !== null || end !== null;
+    $("range-label").textContent = zoomed ? `steps ${integer(start ?? 0)} – ${end === null ? "latest" : integer(end)}` : "all steps";
+    $("range-reset").hidden = !zoomed;
+  }
+
+  onStep(step) {
+    for (const chart of this.charts.values()) chart.applyStep(step);
+    this.heatmap?.apply(step);
+    this.detail?.refresh(step);
+    this.refreshSummary();
+  }
+
+  onLive(state) {
+    document.body.dataset.live = state;
+    $("live").textContent = { open: "live", connecting: "reconnecting", closed: "not live" }[state];
+  }
+
+  refreshSummary() {
+    if (this.summaryTimer) return;
+    this.summaryTimer = setTimeout(async () => {
+      this.summaryTimer = null;
+      this.summarise(await getRun(this.run));
+    }, 1000);
+  }
+
+  resized() {
+    for (const chart of this.charts.values()) chart.resize();
+    this.heatmap.draw();
+  }
+
+  buildPicker() {
+    const list = $("metric-list");
+    const count = () => {
+      const n = this.shownMetrics().length;
+      $("metric-count").textContent = `${n} of ${this.metricOrder.length}`;
+    };
+    const boxes = this.metricOrder.map((name) => {
+      const box = el("input", { type: "checkbox", value: name });
+      box.checked = this.shownMetrics().includes(name);
+      box.addEventListener("change", () => this.chooseMetrics(boxes.filter((b) => b.checked).map((b) => b.value), count));
+      list.append(el("label", { dataset: { metric: name } }, box, name));
+      return box;
+    });
+    $("metric-filter").addEventListener("input", (e) => {
+      const text = e.target.value.toLowerCase();
+      for (const label of list.children) label.hidden = !label.dataset.metric.toLowerCase().includes(text);
+    });
+    $("metrics-all").addEventListener("click", () => {
+      for (const b of boxes) b.checked = true;
+      this.chooseMetrics([], count);
+    });
+    count();
+  }
+
+  // An empty choice, or every metric, is the default view: all of them.
+  chooseMetrics(names, count) {
+    this.state.metrics = names.length === this.metricOrder.length ? [] : names;
+    writeView(this.state);
+    this.buildCharts();
+    count();
+  }
+
+  buildOverlay() {
+    allRunNames().then((names) => {
+      $("run-names").replaceChildren(...names.filter((n) => n !== this.run).map((n) => el("option", { value: n })));
+    }, () => {});
+    $("overlay-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const name = $("overlay-input").value.trim();
+      $("overlay-input").value = "";
+      if (name && name !== this.run && !this.state.overlay.includes(name)) this.setOverlay([...this.state.overlay, name]);
+    });
+    $("range-reset").addEventListener("click", () => this.zoom(null, null));
+    this.showOverlay();
+  }
+
+  setOverlay(runs) {
+    this.state.overlay = runs;
+    this.showOverlay();
+    this.reload();
+  }
+
+  showOverlay() {
+    const chips = this.state.overlay.map((name, i) =>
+      el(
+        "span", { class: "chip", dataset: { run: name } },
+        el("i", { style: `background:${OVERLAY_COLOURS[i % OVERLAY_COLOURS.length]}` }), name,
+        el("button", { type: "button", title: `remove ${name}`, onclick: () => this.setOverlay(this.state.overlay.filter((r) => r !== name)) }, "×"),
+      ),
+    );
+    $("overlay-chips").replaceChildren(...chips);
+  }
+}
+
+const page = new RunPage(document.body.dataset.run);
+window.steptally = page; // for the browser tests: charts, heatmap, detail
+page.start();

@@ -1,0 +1,85 @@
+// One run's series of one metric, kept sorted by step and updated in place by live
+// steps; and the aligned columns uPlot draws from several of them.
+
+import { plottable } from "./format.js";
+
+export class RunSeries {
+  constructor(run, body) {
+    this.run = run;
+    this.steps = body.steps.slice();
+    this.values = body.values.slice();
+    this.status = body.status.slice();
+    this.revision = body.revision.slice();
+    this.total = body.total;
+    this.downsampled = body.downsampled;
+  }
+
+  // The index of `step`, or -(insertion point) - 1 when absent.
+  find(step) {
+    let lo = 0;
+    let hi = this.steps.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const s = this.steps[mid];
+      if (s === step) return mid;
+      if (s < step) lo = mid + 1;
+      else hi = mid - 1;
+    }
+    return -lo - 1;
+  }
+
+  at(step) {
+    const i = this.find(step);
+    if (i < 0) return null;
+    return { step, value: this.values[i], status: this.status[i], revision: this.revision[i] };
+  }
+
+  // A finalised step from the event stream: replace it (a newer revision) or insert it.
+  upsert(step, value, status, revision) {
+    const i = this.find(step);
+    if (i >= 0) {
+      if (revision < this.revision[i]) return false;
+      this.values[i] = value;
+      this.status[i] = status;
+      this.revision[i] = revision;
+      return true;
+    }
+    const at = -i - 1;
+    this.steps.splice(at, 0, step);
+    this.values.splice(at, 0, value);
+    this.status.splice(at, 0, status);
+    this.revision.splice(at, 0, revision);
+    this.total += 1;
+    return true;
+  }
+}
+
+// uPlot columns: x, the primary line, its partial and revised markers, one line per overlay.
+export function alignedColumns(primary, overlays) {
+  const runs = [primary, ...overlays];
+  const xs = overlays.length ? union(runs.map((r) => r.steps)) : primary.steps.slice();
+  const position = overlays.length ? new Map(xs.map((x, i) => [x, i])) : null;
+  const column = (series, pick) => {
+    const out = new Array(xs.length).fill(undefined);
+    series.steps.forEach((step, i) => {
+      out[position ? position.get(step) : i] = pick(series, i);
+    });
+    return out;
+  };
+  const line = (s, i) => plottable(s.values[i]);
+  const partial = (s, i) => (s.status[i] === "partial" ? plottable(s.values[i]) : undefined);
+  const revised = (s, i) => (s.revision[i] > 1 ? plottable(s.values[i]) : undefined);
+  return [
+    xs,
+    column(primary, line),
+    column(primary, partial),
+    column(primary, revised),
+    ...overlays.map((o) => column(o, line)),
+  ];
+}
+
+function union(lists) {
+  const all = new Set();
+  for (const list of lists) for (const x of list) all.add(x);
+  return Array.from(all).sort((a, b) => a - b);
+}
