@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -71,3 +72,101 @@ def test_assets_are_served_with_cache_control(page: Page, seed: Seeder) -> None:
     assert seen["vendor/uPlot.min.css?v=1.6.32"] == "public, max-age=31536000, immutable"
     assert seen["static/run.js"] == "no-cache"
     assert seen["static/chart.js"] == "no-cache"
+
+
+PARTIAL_MARKERS, REVISED_MARKERS = 2, 3  # uPlot series: x, line, partial, revised, overlays
+
+
+def marked_steps(page: Page, metric: str, series: int) -> list[int]:
+    """The steps that carry a marker of ``series`` on the chart of ``metric``."""
+    script = "([m, k]) => { const d = steptally.charts.get(m).uplot.data;"
+    script += " return d[0].filter((_, i) => d[k][i] != null); }"
+    steps: list[int] = page.evaluate(script, [metric, series])
+    return steps
+
+
+def wait_for_status(seed: Seeder, run: str, step: int, status: str) -> dict[str, Any]:
+    """The step once the service has finalised it ``status`` (the sweeper runs every 0.1 s)."""
+    deadline = time.monotonic() + 10
+    while (found := seed.step(run, step))["status"] != status:
+        assert time.monotonic() < deadline, f"step {step} stayed {found['status']}"
+        time.sleep(0.05)
+    return found
+
+
+def test_step_detail_shows_exact_values_where_a_float_sum_differs(page: Page, seed: Seeder) -> None:
+    seed.run("exact", 2, **SPEC, step_timeout_s=60)
+    seed.post(
+        "exact",
+        [
+            {
+                "step": 0,
+                "rank": 0,
+                "seq": 0,
+                "values": {"ratio_num": 3.0, "actor_tokens": 3, "ratio_max": 1.2},
+            },
+            {
+                "step": 0,
+                "rank": 1,
+                "seq": 0,
+                "values": {"ratio_num": 1e17, "actor_tokens": 1, "ratio_max": "Infinity"},
+            },
+            {"step": 0, "rank": 1, "seq": 1, "values": {"ratio_num": -1e17, "actor_tokens": 0}},
+        ],
+        [{"step": 0, "rank": 0, "fragments": 1}, {"step": 0, "rank": 1, "fragments": 2}],
+    )
+    assert 3.0 + 1e17 - 1e17 == 0.0  # what adding the floats in arrival order gives
+    page.goto("/runs/exact?step=0")
+    detail = page.locator("#detail")
+    expect(detail).to_have_attribute("data-state", "ready")
+    value = lambda m: detail.locator(f'tr[data-metric="{m}"] td.value')  # noqa: E731
+    expect(value("ratio_num")).to_have_text("3")
+    expect(value("probs_ratio")).to_have_text("0.75")
+    expect(value("actor_tokens")).to_have_text("4")
+    expect(value("ratio_max")).to_have_text("Infinity")
+    expect(page.locator("#detail-status")).to_have_text("complete")
+
+
+def test_clicking_a_chart_point_opens_its_step(page: Page, seed: Seeder) -> None:
+    seed.run("clicky", 1, **SPEC)
+    seed.steps("clicky", range(40), 1, wave)
+    page.goto("/runs/clicky")
+    card = page.locator('.card[data-metric="ratio_max"]')
+    expect(card).to_have_attribute("data-state", "ready")
+    over = card.locator(".u-over")
+    box = over.bounding_box()
+    assert box is not None
+    over.click(position={"x": box["width"] / 2, "y": box["height"] / 2})
+    detail = page.locator("#detail")
+    expect(detail).to_have_attribute("data-state", "ready")
+    step = int(detail.get_attribute("data-step") or "-1")
+    assert 15 <= step <= 25
+    assert f"step={step}" in page.url
+    expect(detail.locator('tr[data-metric="ratio_max"] td.value')).to_have_text(str(1 + step))
+
+
+def test_partial_step_is_marked_with_its_missing_rank(page: Page, seed: Seeder) -> None:
+    seed.run("gappy", 2, **SPEC, step_timeout_s=0.2)
+    seed.steps("gappy", range(5), 2, wave)
+    seed.post(
+        "gappy",
+        [{"step": 5, "rank": 0, "seq": 0, "values": wave(5, 0)}],
+        [{"step": 5, "rank": 0, "fragments": 1}],
+    )
+    wait_for_status(seed, "gappy", 5, "partial")
+    page.goto("/runs/gappy")
+    heat = page.locator("#heatmap")
+    expect(heat).to_have_attribute("data-state", "ready")
+    assert page.evaluate("steptally.heatmap.cellState(5, 1)") == "missing"
+    assert page.evaluate("steptally.heatmap.cellState(5, 0)") == "committed"
+    assert page.evaluate("steptally.heatmap.cellState(4, 1)") == "committed"
+    expect(page.locator('.card[data-metric="ratio_num"]')).to_have_attribute("data-state", "ready")
+    assert marked_steps(page, "ratio_num", PARTIAL_MARKERS) == [5]
+    box = heat.bounding_box()
+    assert box is not None
+    heat.click(position={"x": box["width"] * 5.5 / 6, "y": box["height"] * 3 / 4})
+    detail = page.locator("#detail")
+    expect(detail).to_have_attribute("data-step", "5")
+    expect(page.locator("#detail-status")).to_have_text("partial")
+    expect(page.locator("#detail-missing")).to_have_text("1")
+    expect(detail.locator('tr[data-rank="1"]')).to_have_attribute("data-state", "missing")
