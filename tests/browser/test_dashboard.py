@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -170,3 +171,53 @@ def test_partial_step_is_marked_with_its_missing_rank(page: Page, seed: Seeder) 
     expect(page.locator("#detail-status")).to_have_text("partial")
     expect(page.locator("#detail-missing")).to_have_text("1")
     expect(detail.locator('tr[data-rank="1"]')).to_have_attribute("data-state", "missing")
+
+
+def test_zoom_puts_the_range_in_the_url_and_fetches_it_finer(page: Page, seed: Seeder) -> None:
+    seed.run("zoomy", 1, **SPEC)
+    seed.steps("zoomy", range(40), 1, wave)
+    series_urls: list[str] = []
+    page.on("request", lambda r: "/series/ratio_max" in r.url and series_urls.append(r.url))
+    page.goto("/runs/zoomy")
+    card = page.locator('.card[data-metric="ratio_max"]')
+    expect(card).to_have_attribute("data-state", "ready")
+    over = card.locator(".u-over")
+    box = over.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.25, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, y, steps=5)
+    page.mouse.up()
+    expect(page).to_have_url(re.compile(r"\?start=\d+&end=\d+$"))
+    start, end = (int(n) for n in re.findall(r"\d+", page.url.split("?")[1]))
+    assert 8 <= start < end <= 25
+    expect(page.locator("#range-label")).to_have_text(f"steps {start} – {end}")
+    expect(card).to_have_attribute("data-points", str(end - start + 1))
+    assert any(f"start={start}&end={end}&points=" in u for u in series_urls), series_urls
+    page.reload()
+    expect(card).to_have_attribute("data-points", str(end - start + 1))
+    page.locator("#range-reset").click()
+    expect(card).to_have_attribute("data-points", "40")
+    expect(page).to_have_url("/runs/zoomy")
+
+
+def test_overlay_draws_another_run_on_the_same_chart(page: Page, seed: Seeder) -> None:
+    seed.run("base-run", 1, **SPEC)
+    seed.run("other-run", 1, **SPEC)
+    seed.steps("base-run", range(10), 1, wave)
+    seed.steps("other-run", range(5, 15), 1, lambda s, r: {**wave(s, r), "ratio_max": -s})
+    page.goto("/runs/base-run")
+    expect(page.locator("#run-names option[value='other-run']")).to_have_count(1)
+    page.locator("#overlay-input").fill("other-run")
+    page.locator("#overlay-form button[type=submit]").click()
+    expect(page).to_have_url("/runs/base-run?overlay=other-run")
+    expect(page.locator('#overlay-chips [data-run="other-run"]')).to_be_visible()
+    card = page.locator('.card[data-metric="ratio_max"]')
+    expect(card).to_have_attribute("data-state", "ready")
+    data = page.evaluate(
+        "steptally.charts.get('ratio_max').uplot.data.map((c) => c.map((v) => v ?? null))"
+    )
+    assert data[0] == list(range(15))
+    assert data[1] == [1.0 + s for s in range(10)] + [None] * 5
+    assert data[4] == [None] * 5 + [-s for s in range(5, 15)]

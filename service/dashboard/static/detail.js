@@ -1,7 +1,7 @@
 // The step detail panel: status, revision, ranks and every metric's exact value.
 
 import { getStep } from "./api.js";
-import { el, exact, integer } from "./format.js";
+import { el, exact, instant, integer } from "./format.js";
 
 export class StepDetail {
   // page: {run, worldSize, metricOrder, close()}
@@ -55,8 +55,8 @@ export class StepDetail {
       el("dt", {}, "ranks missing"), el("dd", { id: "detail-missing", class: s.ranks_missing.length ? "rank-missing" : "" }, s.ranks_missing.join(", ") || "none"),
       el("dt", {}, "ranks late"), el("dd", { id: "detail-late", class: late.length ? "rank-late" : "" }, late.join(", ") || "none"),
       el("dt", {}, "fragments"), el("dd", {}, `${integer(s.fragments.received)} received${s.fragments.expected === null ? "" : ` of ${integer(s.fragments.expected)}`}`),
-      el("dt", {}, "first seen"), el("dd", {}, s.first_seen_at ?? "–"),
-      el("dt", {}, "finalised"), el("dd", {}, s.finalised_at ?? "not yet"),
+      el("dt", {}, "first seen"), el("dd", { title: s.first_seen_at ?? "" }, instant(s.first_seen_at) ?? "–"),
+      el("dt", {}, "finalised"), el("dd", { title: s.finalised_at ?? "" }, instant(s.finalised_at) ?? "not yet"),
     );
     this.panel.replaceChildren(
       this.head(`Step ${s.step}`, s.status), facts,

@@ -20,6 +20,12 @@ export function tick(v) {
   return String(Number(v.toPrecision(4)));
 }
 
+// An ISO time as "2026-12-02 04:40:21.899 UTC".
+export function instant(iso) {
+  if (!iso) return null;
+  return `${new Date(iso).toISOString().replace("T", " ").replace("Z", "")} UTC`;
+}
+
 export function integer(n) {
   return n === null || n === undefined ? "–" : n.toLocaleString("en-US");
 }
