@@ -42,11 +42,13 @@ _CARRY_PASSES = 2  # |limb| < 2**53 → carries below 2**21 → carries in {-1, 
 
 
 def _digits(values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """For finite float64 ``values``: the lowest limb each value touches and its three
-    signed digits, ``x = (d0 + d1·2**32 + d2·2**64) · 2**(32·limb - 1074)`` exactly."""
+    """For float64 ``values``: the lowest limb each value touches and its three signed
+    digits, ``x = (d0 + d1·2**32 + d2·2**64) · 2**(32·limb - 1074)`` exactly (0 for an
+    inf or a NaN, whose rows the caller answers otherwise)."""
     bits = values.view(torch.int64)
     biased = (bits >> 52) & 0x7FF
     mantissa = (bits & ((1 << 52) - 1)) | (biased.clamp(max=1) << 52)  # implicit bit
+    mantissa = mantissa.masked_fill_(biased == 0x7FF, 0)
     sign = bits >> 63  # 0, or -1 for a negative value
     mantissa = (mantissa ^ sign) - sign
     shift = (biased - 1).clamp(min=0)  # x = mantissa · 2**(shift - 1074), subnormals too
@@ -57,7 +59,7 @@ def _digits(values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 def limbs(values: Tensor) -> Tensor:
-    """The exact sum of finite float64 ``values`` along the last dimension, as
+    """The exact sum of the finite float64 ``values`` along the last dimension, as
     ``[..., LIMBS]`` int64 limbs (limb ``j`` worth ``2**(32 j - 1074)``), carried so that
     every limb below the top lies in ``[-1, 2**32]``."""
     lead = values.shape[:-1]
@@ -102,7 +104,7 @@ def exact_sum(values: Tensor) -> Tensor:
     with torch.no_grad():
         detached = converted.detach()
         finite = torch.isfinite(detached).all(-1)
-        exact = read_out(limbs(torch.where(torch.isfinite(detached), detached, 0.0)))
+        exact = read_out(limbs(detached))
     if plain.requires_grad:
         # plain - plain.detach() is exactly +0 where finite and carries the gradient (1 per
         # value); the exact sum is never -0, so without a gradient it is left out
