@@ -1,8 +1,9 @@
-"""The ``steptally`` command: ``migrate``, ``serve`` and ``demo``.
+"""The ``steptally`` command: ``migrate``, ``serve``, ``demo`` and ``grafana build``.
 
     steptally migrate [--database-url URL]
     steptally serve   [--database-url URL] [--host H] [--port P] [--workers N]
     steptally demo    [--url URL | --serve] [--run NAME] [--steps N] [--ranks N] [--interval S]
+    steptally grafana build [--out DIR] [--check]
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
 :class:`~steptally.service.settings.Settings`.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -141,6 +143,35 @@ def demo(
         if keep_serving:
             typer.echo(f"steptally: still serving; the dashboard is at {server.url}/; Ctrl-C stops")
             server.wait()
+
+
+grafana = typer.Typer(help="Grafana dashboards as code.", no_args_is_help=True)
+app.add_typer(grafana, name="grafana")
+
+
+@grafana.command("build")
+def grafana_build(
+    out: Annotated[
+        Path | None, typer.Option(help="Folder of the JSON (default deploy/grafana/dashboards).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; fail if a file differs from a build.")
+    ] = False,
+) -> None:
+    """Build the dashboards (needs the grafana extra)."""
+    from steptally.service.grafana import build
+
+    directory = out or build.DEFAULT_DIR
+    if check:
+        stale = build.stale(directory)
+        for path in stale:
+            typer.echo(f"steptally: {path} differs from a fresh build", err=True)
+        if stale:
+            raise typer.Exit(1)
+        typer.echo(f"the dashboards in {directory} are up to date")
+        return
+    for path in build.write(directory):
+        typer.echo(f"wrote {path}")
 
 
 def _safe(url: str) -> str:
