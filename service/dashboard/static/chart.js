@@ -7,7 +7,10 @@ import { RunSeries, alignedColumns } from "./series.js";
 
 export const PRIMARY = "#2563eb";
 export const OVERLAY_COLOURS = ["#0f9d8a", "#c2378f", "#8c6d31", "#5f6b7a", "#4c9a2a", "#d9480f"];
+const translucent = (hex) => `${hex}b3`; // overlays never hide the run itself
 const PLOT_HEIGHT = 184;
+// x ticks fall on whole steps: 1, 2, 5, 10, 20, 50, …
+const STEP_INCREMENTS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
 
 export class MetricChart {
   // page: {run, view(), select(step), zoom(start, end)}
@@ -96,7 +99,7 @@ export class MetricChart {
       label, stroke, fill, paths: () => null, points: { show: true, size, width: 1.5, stroke, fill },
     });
     const overlays = this.overlays.map((o, i) => ({
-      label: o.run, stroke: OVERLAY_COLOURS[i % OVERLAY_COLOURS.length], width: 1.25, points: { size: 3 },
+      label: o.run, stroke: translucent(OVERLAY_COLOURS[i % OVERLAY_COLOURS.length]), width: 1.25, points: { size: 3 },
     }));
     return {
       width: this.width(),
@@ -105,7 +108,7 @@ export class MetricChart {
       cursor: { sync: { key: "steps" }, drag: { x: true, y: false, setScale: false }, points: { size: 7 } },
       scales: { x: { time: false, range: (u, lo, hi) => this.xRange(this.page.view(), lo, hi) } },
       axes: [
-        { stroke: "#656d76", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e1e4e8" }, values: (u, ts) => ts.map((t) => integer(t)), space: 60 },
+        { stroke: "#656d76", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e1e4e8" }, values: (u, ts) => ts.map((t) => integer(t)), space: 60, incrs: STEP_INCREMENTS },
         { stroke: "#656d76", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e1e4e8" }, values: (u, ts) => ts.map(tick), size: 62 },
       ],
       series: [

@@ -2,7 +2,7 @@
 // the step detail panel, overlays, a view held in the URL, and live steps over SSE.
 
 import { allRunNames, getRun, metricOrder } from "./api.js";
-import { MetricChart, OVERLAY_COLOURS } from "./chart.js";
+import { MetricChart, OVERLAY_COLOURS, PRIMARY } from "./chart.js";
 import { StepDetail } from "./detail.js";
 import { el, integer, when } from "./format.js";
 import { Heatmap } from "./heatmap.js";
@@ -222,7 +222,8 @@ class RunPage {
         el("button", { type: "button", title: `remove ${name}`, onclick: () => this.setOverlay(this.state.overlay.filter((r) => r !== name)) }, "×"),
       ),
     );
-    $("overlay-chips").replaceChildren(...chips);
+    const primary = el("span", { class: "chip primary" }, el("i", { style: `background:${PRIMARY}` }), this.run);
+    $("overlay-chips").replaceChildren(...(chips.length ? [primary, ...chips] : []));
   }
 }
 
