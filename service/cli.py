@@ -84,7 +84,9 @@ def serve(
         )
         return
     # each worker process reads its settings from the environment
-    os.environ.update({f"STEPTALLY_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
+    # (an unset setting stays unset: the string "None" would not parse)
+    exported = {k: v for k, v in settings.model_dump().items() if v is not None}
+    os.environ.update({f"STEPTALLY_{k.upper()}": str(v) for k, v in exported.items()})
     uvicorn.run(
         "steptally.service.app:create_app",
         factory=True,
