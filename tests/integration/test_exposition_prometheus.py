@@ -8,9 +8,6 @@ equal, bit for bit, what the REST API reports and what the exact algebra gives.
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -19,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.served import free_port
+from support.prometheus import Prometheus
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -36,54 +33,6 @@ STEP0 = [
     (1, {"num": 0.1, "tokens": 4, "peak": 2.25, "bad": "NaN"}),
     (2, {"num": -1e17, "tokens": 0}),
 ]
-
-
-class Prometheus:
-    def __init__(self, target: str, tmp: Path) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.fail("the prometheus binary is missing: run scripts/ensure-services.sh")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-            "scrape_configs:\n  - job_name: steptally\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
-        )
-        self.log = tmp / "prometheus.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def query(self, promql: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-        """Poll an instant query until it returns a non-empty vector."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                body = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}).json()
-                if body["status"] == "success" and body["data"]["result"]:
-                    return list(body["data"]["result"])
-            except (httpx.TransportError, ValueError):  # not up yet
-                pass
-            time.sleep(0.25)
-        pytest.fail(f"Prometheus returned nothing for {promql}:\n{self.log.read_text()[-2000:]}")
-
-    def value(self, promql: str) -> float:
-        (sample,) = self.query(promql)
-        return float(sample["value"][1])
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
 
 
 @pytest.fixture
