@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
+
+SPEC: dict[str, Any] = {
+    "metrics": {"ratio_num": "sum", "actor_tokens": "count", "ratio_max": "max"},
+    "derived": {"probs_ratio": "ratio_num / actor_tokens"},
+}
+
+
+def wave(step: int, rank: int) -> dict[str, Any]:
+    """Fragment values of SPEC that rise with the step: ``ratio_max`` is ``1 + step``."""
+    return {"ratio_num": 0.5 + step / 100 + rank / 1000, "actor_tokens": 1, "ratio_max": 1.0 + step}
 
 
 class Seeder:
@@ -44,3 +55,11 @@ class Seeder:
         assert answer.status_code == 200, answer.text
         result: dict[str, Any] = answer.json()
         return result
+
+    def wait_for_status(self, run: str, step: int, status: str) -> dict[str, Any]:
+        """The step once the service has finalised it ``status`` (the sweeper runs often)."""
+        deadline = time.monotonic() + 10
+        while (found := self.step(run, step))["status"] != status:
+            assert time.monotonic() < deadline, f"step {step} stayed {found['status']}"
+            time.sleep(0.05)
+        return found

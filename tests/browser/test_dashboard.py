@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import re
-import time
-from typing import Any
 
 import pytest
-from browser.seeding import Seeder
+from browser.page_state import FIRST_OVERLAY, PARTIAL_MARKERS, column, marked_steps
+from browser.seeding import SPEC, Seeder, wave
 from playwright.sync_api import Page, expect
 
 pytestmark = pytest.mark.browser
-
-SPEC: dict[str, Any] = {
-    "metrics": {"ratio_num": "sum", "actor_tokens": "count", "ratio_max": "max"},
-    "derived": {"probs_ratio": "ratio_num / actor_tokens"},
-}
-
-
-def wave(step: int, rank: int) -> dict[str, Any]:
-    return {"ratio_num": 0.5 + step / 100 + rank / 1000, "actor_tokens": 1, "ratio_max": 1.0 + step}
 
 
 def test_runs_list_shows_seeded_runs_with_working_links(page: Page, seed: Seeder) -> None:
@@ -45,8 +35,7 @@ def test_forty_steps_draw_forty_points_per_chart(page: Page, seed: Seeder) -> No
         expect(card).to_have_attribute("data-state", "ready")
         xs = page.evaluate(f"steptally.charts.get('{metric}').uplot.data[0]")
         assert xs == list(range(40))
-    values = page.evaluate("steptally.charts.get('ratio_max').uplot.data[1]")
-    assert values == [1.0 + s for s in range(40)]
+    assert column(page, "ratio_max", 1) == [1.0 + s for s in range(40)]
 
 
 def test_unknown_run_is_a_404_page_with_a_link_back(page: Page) -> None:
@@ -73,26 +62,6 @@ def test_assets_are_served_with_cache_control(page: Page, seed: Seeder) -> None:
     assert seen["vendor/uPlot.min.css?v=1.6.32"] == "public, max-age=31536000, immutable"
     assert seen["static/run.js"] == "no-cache"
     assert seen["static/chart.js"] == "no-cache"
-
-
-PARTIAL_MARKERS, REVISED_MARKERS = 2, 3  # uPlot series: x, line, partial, revised, overlays
-
-
-def marked_steps(page: Page, metric: str, series: int) -> list[int]:
-    """The steps that carry a marker of ``series`` on the chart of ``metric``."""
-    script = "([m, k]) => { const d = steptally.charts.get(m).uplot.data;"
-    script += " return d[0].filter((_, i) => d[k][i] != null); }"
-    steps: list[int] = page.evaluate(script, [metric, series])
-    return steps
-
-
-def wait_for_status(seed: Seeder, run: str, step: int, status: str) -> dict[str, Any]:
-    """The step once the service has finalised it ``status`` (the sweeper runs every 0.1 s)."""
-    deadline = time.monotonic() + 10
-    while (found := seed.step(run, step))["status"] != status:
-        assert time.monotonic() < deadline, f"step {step} stayed {found['status']}"
-        time.sleep(0.05)
-    return found
 
 
 def test_step_detail_shows_exact_values_where_a_float_sum_differs(page: Page, seed: Seeder) -> None:
@@ -154,7 +123,7 @@ def test_partial_step_is_marked_with_its_missing_rank(page: Page, seed: Seeder) 
         [{"step": 5, "rank": 0, "seq": 0, "values": wave(5, 0)}],
         [{"step": 5, "rank": 0, "fragments": 1}],
     )
-    wait_for_status(seed, "gappy", 5, "partial")
+    seed.wait_for_status("gappy", 5, "partial")
     page.goto("/runs/gappy")
     heat = page.locator("#heatmap")
     expect(heat).to_have_attribute("data-state", "ready")
@@ -215,9 +184,6 @@ def test_overlay_draws_another_run_on_the_same_chart(page: Page, seed: Seeder) -
     expect(page.locator('#overlay-chips [data-run="other-run"]')).to_be_visible()
     card = page.locator('.card[data-metric="ratio_max"]')
     expect(card).to_have_attribute("data-state", "ready")
-    data = page.evaluate(
-        "steptally.charts.get('ratio_max').uplot.data.map((c) => c.map((v) => v ?? null))"
-    )
-    assert data[0] == list(range(15))
-    assert data[1] == [1.0 + s for s in range(10)] + [None] * 5
-    assert data[4] == [None] * 5 + [-s for s in range(5, 15)]
+    assert column(page, "ratio_max", 0) == list(range(15))
+    assert column(page, "ratio_max", 1) == [1.0 + s for s in range(10)] + [None] * 5
+    assert column(page, "ratio_max", FIRST_OVERLAY) == [None] * 5 + [-s for s in range(5, 15)]

@@ -1,0 +1,24 @@
+"""What the run page exposes for tests: ``window.steptally`` (the page object)."""
+
+from __future__ import annotations
+
+from playwright.sync_api import Page
+
+# the columns of a chart's uPlot data: x, the run's line, partial and revised markers,
+# then one line per overlaid run
+PARTIAL_MARKERS, REVISED_MARKERS, FIRST_OVERLAY = 2, 3, 4
+
+
+def marked_steps(page: Page, metric: str, column: int) -> list[int]:
+    """The steps that carry a value in ``column`` of the chart of ``metric``."""
+    script = "([m, k]) => { const d = steptally.charts.get(m).uplot.data;"
+    script += " return d[0].filter((_, i) => d[k][i] != null); }"
+    steps: list[int] = page.evaluate(script, [metric, column])
+    return steps
+
+
+def column(page: Page, metric: str, index: int) -> list[float | None]:
+    """One column of the chart's data, gaps (null and undefined) as None."""
+    script = "([m, k]) => steptally.charts.get(m).uplot.data[k].map((v) => v ?? null)"
+    values: list[float | None] = page.evaluate(script, [metric, index])
+    return values
