@@ -130,6 +130,9 @@ export class Heatmap {
       }
     }
     this.canvas.dataset.steps = String(this.steps.size);
+    const label = (id, step) => (document.getElementById(id).textContent = this.steps.size ? `step ${step.toLocaleString("en-US")}` : "");
+    label("heat-first", g.lo);
+    label("heat-last", g.hi);
   }
 
   // [x0, x1, state per rank] for each drawn column (a step, or a bucket of steps).

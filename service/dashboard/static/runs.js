@@ -29,16 +29,26 @@ function row(run) {
   );
 }
 
+// The page a URL names: ?cursor= from the previous page's next_cursor, ?limit= rows.
+function wanted() {
+  const q = new URLSearchParams(location.search);
+  const limit = /^\d+$/.test(q.get("limit") ?? "") ? Number(q.get("limit")) : PAGE_SIZE;
+  return { cursor: q.get("cursor"), limit };
+}
+
 async function show() {
-  const cursor = new URLSearchParams(location.search).get("cursor");
-  const page = await listRuns(PAGE_SIZE, cursor);
+  const { cursor, limit } = wanted();
+  const page = await listRuns(limit, cursor);
   $("runs").tBodies[0].replaceChildren(...page.runs.map(row));
   $("runs-empty").hidden = page.runs.length > 0 || cursor !== null;
   $("runs-count").textContent = `${page.runs.length} shown${page.next_cursor ? ", more on the next page" : ""}`;
-  $("page-first").hidden = cursor === null;
+  const keep = limit === PAGE_SIZE ? "" : `limit=${limit}`;
+  const first = $("page-first");
+  first.hidden = cursor === null;
+  first.href = keep ? `/?${keep}` : "/";
   const next = $("page-next");
   next.hidden = !page.next_cursor;
-  if (page.next_cursor) next.href = `/?cursor=${encodeURIComponent(page.next_cursor)}`;
+  if (page.next_cursor) next.href = `/?${keep ? `${keep}&` : ""}cursor=${encodeURIComponent(page.next_cursor)}`;
   document.body.dataset.state = "ready";
 }
 
