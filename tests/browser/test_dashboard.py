@@ -187,3 +187,44 @@ def test_overlay_draws_another_run_on_the_same_chart(page: Page, seed: Seeder) -
     assert column(page, "ratio_max", 0) == list(range(15))
     assert column(page, "ratio_max", 1) == [1.0 + s for s in range(10)] + [None] * 5
     assert column(page, "ratio_max", FIRST_OVERLAY) == [None] * 5 + [-s for s in range(5, 15)]
+
+
+def hover_step(page: Page, metric: str, step: int) -> str:
+    """Move the mouse onto ``step`` of the chart of ``metric``; its readout's text."""
+    card = page.locator(f'.card[data-metric="{metric}"]')
+    expect(card).to_have_attribute("data-state", "ready")
+    x = page.evaluate("([m, s]) => steptally.charts.get(m).uplot.valToPos(s, 'x')", [metric, step])
+    box = card.locator(".u-over").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + x, box["y"] + box["height"] / 2)
+    readout = card.locator(".readout")
+    expect(readout).to_contain_text(f"step {step} ")
+    return readout.inner_text()
+
+
+def test_hover_shows_the_exact_float64_and_non_finite_values_as_text(
+    page: Page, seed: Seeder
+) -> None:
+    seed.run("hovery", 1, **SPEC)
+    row = {"actor_tokens": 1, "ratio_max": 1.0}
+    fragments = [
+        {"step": 0, "rank": 0, "seq": 0, "values": {**row, "ratio_num": 0.1}},
+        {"step": 0, "rank": 0, "seq": 1, "values": {**row, "ratio_num": 0.2}},
+        {
+            "step": 1,
+            "rank": 0,
+            "seq": 0,
+            "values": {"ratio_num": 0.0, "actor_tokens": 0, "ratio_max": "NaN"},
+        },
+        {"step": 2, "rank": 0, "seq": 0, "values": {**row, "ratio_num": 0.5}},
+    ]
+    commits = [{"step": 0, "rank": 0, "fragments": 2}]
+    commits += [{"step": s, "rank": 0, "fragments": 1} for s in (1, 2)]
+    seed.post("hovery", fragments, commits)
+    page.goto("/runs/hovery")
+    assert hover_step(page, "ratio_num", 0).split() == ["step", "0", "0.30000000000000004"]
+    assert hover_step(page, "probs_ratio", 0).split() == ["step", "0", "0.15000000000000002"]
+    assert hover_step(page, "probs_ratio", 1).split() == ["step", "1", "undefined"]
+    assert hover_step(page, "ratio_max", 1).split() == ["step", "1", "NaN"]
+    assert column(page, "ratio_max", 1) == [1.0, None, 1.0]
+    assert column(page, "probs_ratio", 1) == [0.15000000000000002, None, 0.5]
