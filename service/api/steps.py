@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from steptally.service.api.deps import ServiceDep
 from steptally.service.api.response import JsonResponse
+from steptally.service.usecase.query import MAX_POINTS, MIN_POINTS
 
 router = APIRouter(prefix="/v1/runs", tags=["steps"])
 
@@ -35,6 +36,11 @@ def list_steps(
 
 @router.get("/{run}/series/{metric}")
 def series(
-    run: str, metric: str, service: ServiceDep, start: StepBound = None, end: StepBound = None
+    run: str,
+    metric: str,
+    service: ServiceDep,
+    start: StepBound = None,
+    end: StepBound = None,
+    points: Annotated[int | None, Query(ge=MIN_POINTS, le=MAX_POINTS)] = None,
 ) -> JsonResponse:
-    return JsonResponse(service.series(run, metric, start, end))
+    return JsonResponse(service.series(run, metric, start, end, points))

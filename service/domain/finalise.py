@@ -6,8 +6,10 @@ metrics so far (its answer is thrown away), whatever store the fragments came fr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from steptally.client.algebra import MetricResult, StepAccumulator
@@ -88,6 +90,40 @@ def evaluate(
         received=progress.received_total(),
         expected=progress.expected(),
     )
+
+
+class ValueState(IntEnum):
+    """How a stored per-step value reads: ``step_values.state``."""
+
+    NUMBER = 0  # finite or infinite, in ``value``
+    NAN = 1
+    UNDEFINED = 2  # no value: a zero denominator, no contributions, …
+
+
+StoredValue = tuple[int, float | None, int]  # (column, value, state)
+_NON_FINITE: dict[str, tuple[float | None, ValueState]] = {
+    "Infinity": (math.inf, ValueState.NUMBER),
+    "-Infinity": (-math.inf, ValueState.NUMBER),
+    "NaN": (None, ValueState.NAN),
+}
+
+
+def stored_values(run: RunRecord, result: StepResult) -> list[StoredValue]:
+    """One (column, value, state) per metric and derived value of ``result``."""
+    out: list[StoredValue] = []
+    for name, col in run.value_column_of.items():
+        metric = result.metrics.get(name)
+        if metric is None:
+            continue
+        value = metric["value"]
+        if value is None:
+            out.append((col, None, ValueState.UNDEFINED.value))
+        elif isinstance(value, str):
+            number, state = _NON_FINITE[value]
+            out.append((col, number, state.value))
+        else:
+            out.append((col, float(value), ValueState.NUMBER.value))
+    return out
 
 
 def final_status(progress: Progress) -> StepStatus:

@@ -17,7 +17,8 @@ class RunRecord:
     """A run: ``columns[i]`` is the metric stored in column ``i`` of a fragment's blob.
 
     Columns are append-only: a metric added later gets the next column, and a blob
-    written before it simply ends earlier.
+    written before it simply ends earlier. A derived value has a column too, for its
+    stored per-step values only: ``derived_columns[i]`` is column ``-1 - i``.
     """
 
     id: int
@@ -27,10 +28,17 @@ class RunRecord:
     step_timeout_s: float
     created_at: float
     columns: tuple[str, ...] = field(default=())
+    derived_columns: tuple[str, ...] = field(default=())
 
     @cached_property
     def column_of(self) -> Mapping[str, int]:
         return {name: i for i, name in enumerate(self.columns)}
+
+    @cached_property
+    def value_column_of(self) -> Mapping[str, int]:
+        """The column of every metric and derived value (derived ones negative)."""
+        derived = {name: -1 - i for i, name in enumerate(self.derived_columns)}
+        return {**self.column_of, **derived}
 
 
 def is_run_name(name: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Protocol
 from steptally.client.algebra import MetricSpec
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.cells import Cell
-from steptally.service.domain.finalise import StepResult
+from steptally.service.domain.finalise import StepResult, ValueState
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 
@@ -75,6 +75,23 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SeriesRows:
+    """A metric's finalised values over a range, column by column, in step order.
+
+    ``total`` counts the finalised steps of the range; ``downsampled`` says whether
+    only some of them are here. ``values[i]`` is None unless ``states[i]`` is NUMBER.
+    """
+
+    total: int
+    downsampled: bool
+    steps: list[int]
+    values: list[float | None]
+    states: list[ValueState]
+    status: list[StepStatus]
+    revision: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class RunSnapshot:
     """One run for a Prometheus collector: the latest finalised step and the backlog."""
 
@@ -123,6 +140,13 @@ class Store(Protocol):
         self, run: RunRecord, start: int | None, end: int | None, limit: int, live: bool = True
     ) -> list[StepRecord]:
         """Steps from ``start`` to ``end`` (both inclusive, None for open ends), in order."""
+        ...
+
+    def series(
+        self, run: RunRecord, col: int, start: int | None, end: int | None, points: int | None
+    ) -> SeriesRows:
+        """Column ``col``'s finalised values from ``start`` to ``end`` (inclusive), all
+        of them or, past ``points`` steps, downsampled (see :mod:`.sql_series`)."""
         ...
 
     def exposition_snapshot(self) -> list[RunSnapshot]: ...

@@ -3,14 +3,30 @@
 Timestamps are Unix seconds (float64), identical on SQLite and PostgreSQL. A
 fragment is one row: its values are one blob of little-endian float64 over the
 run's metric columns (``metrics.col``), see :mod:`steptally.service.domain.cells`.
+A finalised step's values are also kept one row per metric (``step_values``), for
+series and for SQL readers such as Grafana.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Double, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 _RUN_FK = "runs.id"
+REVISED = "(status = 'partial' OR revision > 1)"  # steps a series always keeps
+ODD = "(state <> 0 OR value > 1e308 OR value < -1e308)"  # values a series always keeps
 
 
 class Base(DeclarativeBase):
@@ -58,7 +74,51 @@ class Step(Base):
     finalised_at: Mapped[float | None] = mapped_column(Double)
     result: Mapped[str | None] = mapped_column(Text)  # JSON of StepResult
 
-    __table_args__ = (Index("ix_steps_status_deadline", "status", "deadline"),)
+    __table_args__ = (
+        Index("ix_steps_status_deadline", "status", "deadline"),
+        Index("ix_steps_run_finalised", "run_id", "finalised_at", "step"),
+        Index(
+            "ix_steps_run_revised",
+            "run_id",
+            "step",
+            sqlite_where=text(REVISED),
+            postgresql_where=text(REVISED),
+        ),
+    )
+
+
+class StepValue(Base):
+    """One finalised value of one metric (or derived value) of one step.
+
+    ``state``: 0 a number (finite or infinite), 1 NaN, 2 undefined; ``value`` is NULL
+    unless ``state`` is 0. Rewritten whenever the step is finalised again.
+
+    A series reads one (run, col) range of the primary key, so the key holds the
+    values: SQLite stores the table in key order (``WITHOUT ROWID``) and PostgreSQL's
+    key index includes them (index-only scans). ``ix_step_values_odd`` finds the
+    values a downsampled series always keeps.
+    """
+
+    __tablename__ = "step_values"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"))
+    col: Mapped[int] = mapped_column(Integer, autoincrement=False)
+    step: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    value: Mapped[float | None] = mapped_column(Double)
+    state: Mapped[int] = mapped_column(SmallInteger)
+
+    __table_args__ = (
+        PrimaryKeyConstraint("run_id", "col", "step", postgresql_include=["value", "state"]),
+        Index(
+            "ix_step_values_odd",
+            "run_id",
+            "col",
+            "step",
+            sqlite_where=text(ODD),
+            postgresql_where=text(ODD),
+        ),
+        {"sqlite_with_rowid": False},
+    )
 
 
 class Commit(Base):

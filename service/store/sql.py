@@ -32,11 +32,13 @@ from steptally.service.store.base import (
     IngestOutcome,
     RunSnapshot,
     RunSummary,
+    SeriesRows,
     StepRecord,
 )
 from steptally.service.store.engine import make_engine, transaction
 from steptally.service.store.sql_group import GroupCommit, Pending
 from steptally.service.store.sql_run import load_run, load_runs, save_run
+from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
 
@@ -193,6 +195,12 @@ class SqlStore:
     ) -> list[StepRecord]:
         with transaction(self.engine, write=False) as conn:
             return sql_query.list_steps(conn, run, start, end, limit, live)
+
+    def series(
+        self, run: RunRecord, col: int, start: int | None, end: int | None, points: int | None
+    ) -> SeriesRows:
+        with transaction(self.engine, write=False) as conn:
+            return read_series(conn, run.id, col, start, end, points)
 
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:

@@ -25,7 +25,8 @@ from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.sql_statement import STEP_FIELDS
-from steptally.service.store.sql_step import Probe, StepRow
+from steptally.service.store.sql_step import Probe, StepRow, pending_values
+from steptally.service.store.sql_values import UPSERT_VALUES_PG, pg_params
 
 _STEP_COLUMNS = (
     "run_id, step, status, revision, committed_ranks, expected, received, missing_ranks, "
@@ -154,15 +155,19 @@ def _pair_params(run: RunRecord, pairs: Any) -> dict[str, Any]:
 def write_and_finish(
     conn: Connection, run_id: int, rows: Sequence[StepRow], savepoint: str | None
 ) -> None:
-    """Write the changed step rows and commit (``savepoint`` None: the transaction is
-    durable when this returns; the caller's own commit then has nothing left to do) or
-    release ``savepoint`` (inside a group), in one round trip."""
+    """Write the changed step rows (and the values of those finalised) and commit
+    (``savepoint`` None: the transaction is durable when this returns; the caller's own
+    commit then has nothing left to do) or release ``savepoint`` (inside a group), in
+    one round trip."""
     driver = conn.connection.driver_connection
     assert driver is not None
     params = [_step_params(run_id, r) for r in rows if r.changed]
+    values = pending_values(rows)
     with driver.pipeline():
         if params:
             driver.cursor().executemany(UPDATE_STEPS, params)
+        if values:
+            driver.execute(UPSERT_VALUES_PG, pg_params(run_id, values))
         if savepoint is None:
             driver.commit()
         else:

@@ -1,11 +1,16 @@
-"""Runs and their metric column index in SQL."""
+"""Runs and their metric column index in SQL.
+
+``metrics.col`` is a metric's position in a fragment's blob (0, 1, …, append-only);
+a derived value gets a negative column (-1, -2, …, append-only) so that its stored
+per-step values (``step_values.col``) resolve to a name through the same table.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Row, Table, insert, select, update
+from sqlalchemy import Connection, Row, Table, func, insert, select, update
 
 from steptally.client.algebra import MetricSpec
 from steptally.service.domain.run import RunRecord
@@ -36,20 +41,21 @@ def load_runs(conn: Connection) -> list[RunRecord]:
     return [_record(r, columns[r.id]) for r in rows]
 
 
-def _columns(conn: Connection, run_ids: list[int]) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {i: [] for i in run_ids}
+def _columns(conn: Connection, run_ids: list[int]) -> dict[int, tuple[list[str], list[str]]]:
+    """Per run: the fragment columns (col 0, 1, …) and the derived ones (col -1, -2, …)."""
+    out: dict[int, tuple[list[str], list[str]]] = {i: ([], []) for i in run_ids}
     if run_ids:
         rows = conn.execute(
-            select(METRICS.c.run_id, METRICS.c.name)
+            select(METRICS.c.run_id, METRICS.c.col, METRICS.c.name)
             .where(METRICS.c.run_id.in_(run_ids))
-            .order_by(METRICS.c.run_id, METRICS.c.col)
+            .order_by(METRICS.c.run_id, func.abs(METRICS.c.col))
         )
-        for run_id, name in rows:
-            out[run_id].append(name)
+        for run_id, col, name in rows:
+            out[run_id][0 if col >= 0 else 1].append(name)
     return out
 
 
-def _record(row: Row[Any], columns: list[str]) -> RunRecord:
+def _record(row: Row[Any], columns: tuple[list[str], list[str]]) -> RunRecord:
     return RunRecord(
         id=row.id,
         name=row.name,
@@ -57,7 +63,8 @@ def _record(row: Row[Any], columns: list[str]) -> RunRecord:
         spec=MetricSpec.from_json(orjson.loads(row.spec)),
         step_timeout_s=row.step_timeout_s,
         created_at=row.created_at,
-        columns=tuple(columns),
+        columns=tuple(columns[0]),
+        derived_columns=tuple(columns[1]),
     )
 
 
@@ -76,16 +83,20 @@ def save_run(
             insert(RUNS).values(name=name, created_at=now, **fields).returning(RUNS.c.id)
         ).scalar_one()
         known: tuple[str, ...] = ()
+        known_derived: tuple[str, ...] = ()
     else:
         run_id = existing.id
         conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(**fields))
-        known = existing.columns
+        known, known_derived = existing.columns, existing.derived_columns
     added = [n for n in draft.spec.metrics if n not in known]
-    if added:
-        conn.execute(
-            insert(METRICS),
-            [{"run_id": run_id, "col": len(known) + i, "name": n} for i, n in enumerate(added)],
-        )
+    derived = [n for n in draft.spec.derived if n not in known_derived]
+    rows = [{"run_id": run_id, "col": len(known) + i, "name": n} for i, n in enumerate(added)]
+    rows += [
+        {"run_id": run_id, "col": -1 - len(known_derived) - i, "name": n}
+        for i, n in enumerate(derived)
+    ]
+    if rows:
+        conn.execute(insert(METRICS), rows)
     run = load_run(conn, run_id=run_id)
     assert run is not None
     return run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -27,6 +27,7 @@ from steptally.service.store.sql_statement import (
     STEPS,
     statements,
 )
+from steptally.service.store.sql_values import write_values
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class StepRow:
     finalised_at: float | None
     result: str | None
     changed: bool = False
+    values: list[finalise.StoredValue] = field(default_factory=list)  # to write, if finalised
 
     @classmethod
     def of(cls, row: Any) -> StepRow:
@@ -115,6 +117,8 @@ def lock_step(conn: Connection, run_id: int, step: int) -> StepRow | None:
 
 
 def write_steps(conn: Connection, run_id: int, rows: Sequence[StepRow]) -> None:
+    """Write the changed step rows and the values of those just finalised."""
+    write_values(conn, run_id, pending_values(rows))
     params = [
         {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in STEP_FIELDS}}
         for r in rows
@@ -124,6 +128,11 @@ def write_steps(conn: Connection, run_id: int, rows: Sequence[StepRow]) -> None:
         p["v_status"] = p["v_status"].value
     if params:
         conn.execute(statements(conn.dialect.name).update_steps, params)
+
+
+def pending_values(rows: Sequence[StepRow]) -> list[tuple[int, finalise.StoredValue]]:
+    """``(step, (col, value, state))`` of every row finalised in this transaction."""
+    return [(r.step, v) for r in rows if r.changed for v in r.values]
 
 
 def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, list[Cell]]:
@@ -155,5 +164,6 @@ def finalise_row(
     row.finalised_at = now
     row.result = orjson.dumps(result.to_json()).decode()
     row.missing_ranks = len(result.ranks_missing)
+    row.values = finalise.stored_values(run, result)
     row.changed = True
     return FinalisedStep(run.name, row.step, status, row.revision)

@@ -1,7 +1,8 @@
-"""Read runs and steps as the REST contract shows them.
+"""Read runs, steps and series as the REST contract shows them.
 
 A finalised step is read from its stored result; an open step is evaluated on the
-fly from its fragments so far, with ``status: "open"`` and revision 0.
+fly from its fragments so far, with ``status: "open"`` and revision 0. A series
+holds finalised steps only, read from their stored per-metric values.
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from steptally.service.domain.finalise import StepResult, evaluate
+from steptally.client.wire import encode_number
+from steptally.service.domain.finalise import StepResult, ValueState, evaluate
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import InvalidPayload, UnknownMetric, UnknownRun, UnknownStep
 from steptally.service.store.base import RunSummary, StepRecord, Store
 
 MAX_PAGE = 1000
-MAX_SERIES = 100_000
+MAX_SERIES = 100_000  # a series without ``points`` is downsampled past this many steps
+MIN_POINTS, MAX_POINTS = 2, 10_000
+_NO_COLUMN = -(2**31)
 
 
 def timestamp(t: float | None) -> str | None:
@@ -122,16 +126,39 @@ def list_steps(
 
 
 def series(
-    store: Store, run: RunRecord, metric: str, start: int | None, end: int | None
+    store: Store,
+    run: RunRecord,
+    metric: str,
+    start: int | None,
+    end: int | None,
+    points: int | None = None,
 ) -> dict[str, Any]:
+    """A metric's finalised values; downsampled past ``points`` steps (or past
+    ``MAX_SERIES`` when ``points`` is not given)."""
     _check_metrics(run, [metric], "metric")
-    records = store.list_steps(run, start, end, MAX_SERIES)
+    if start is not None and end is not None and end < start:
+        raise InvalidPayload(f"end ({end}) is before start ({start})", "end")
+    if points is not None and not MIN_POINTS <= points <= MAX_POINTS:
+        raise InvalidPayload(f"points must be from {MIN_POINTS} to {MAX_POINTS}", "points")
+    col = run.value_column_of.get(metric)
+    if col is None:  # declared, but registered before its column existed: nothing stored
+        col = _NO_COLUMN
+    rows = store.series(run, col, start, end, points or MAX_SERIES)
     kind = run.spec.metrics.get(metric)
-    values = [_metric(_result(run, r), metric)["value"] for r in records]
     return {
         "metric": metric,
         "kind": kind.value if kind is not None else "derived",
-        "steps": [r.step for r in records],
-        "values": values,
-        "status": [r.status.value for r in records],
+        "total": rows.total,
+        "downsampled": rows.downsampled,
+        "steps": rows.steps,
+        "values": [_encoded(v, s) for v, s in zip(rows.values, rows.states, strict=True)],
+        "status": [s.value for s in rows.status],
+        "revision": rows.revision,
     }
+
+
+def _encoded(value: float | None, state: ValueState) -> float | str | None:
+    if state is ValueState.NUMBER:
+        assert value is not None
+        return encode_number(value)
+    return "NaN" if state is ValueState.NAN else None

@@ -64,9 +64,15 @@ class Service:
         return query.list_steps(self.store, record, start, end, metrics, limit, cursor)
 
     def series(
-        self, run: str, metric: str, start: int | None = None, end: int | None = None
+        self,
+        run: str,
+        metric: str,
+        start: int | None = None,
+        end: int | None = None,
+        points: int | None = None,
     ) -> dict[str, Any]:
-        return query.series(self.store, self.runs.get(run, refresh=True), metric, start, end)
+        record = self.runs.get(run, refresh=True)
+        return query.series(self.store, record, metric, start, end, points)
 
     def sweep(self, now: float | None = None) -> list[FinalisedStep]:
         """Finalise as partial every open step past its deadline."""
