@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from steptally.service.api.instrument import RequestMetrics
+from steptally.service.telemetry import Telemetry
+
 Api = Any  # the `api` fixture of conftest.py
 
 
@@ -74,3 +81,20 @@ def test_requests_timed_by_route_template_and_status(api: Api, app: Any) -> None
     assert "/v1/runs/r/" not in text  # a template, never a raw path
     assert "_created" not in text
     assert 'route="/v1/runs/{run}/steps/{step}",status="200"' in text
+
+
+def test_a_request_that_raises_is_timed_as_500() -> None:
+    telemetry = Telemetry(CollectorRegistry())
+    app = FastAPI()
+    app.add_middleware(RequestMetrics, telemetry=telemetry)
+
+    @app.get("/boom/{n}")
+    def boom(n: int) -> None:
+        raise RuntimeError(f"boom {n}")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/boom/1").status_code == 500
+        assert client.get("/boom/2").status_code == 500
+    labels = {"method": "GET", "route": "/boom/{n}", "status": "500"}
+    name = "steptally_http_request_duration_seconds_count"
+    assert telemetry.registry.get_sample_value(name, labels) == 2
