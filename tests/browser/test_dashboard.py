@@ -228,3 +228,23 @@ def test_hover_shows_the_exact_float64_and_non_finite_values_as_text(
     assert hover_step(page, "ratio_max", 1).split() == ["step", "1", "NaN"]
     assert column(page, "ratio_max", 1) == [1.0, None, 1.0]
     assert column(page, "probs_ratio", 1) == [0.15000000000000002, None, 0.5]
+
+
+def test_the_url_chooses_the_metrics_and_the_picker_writes_them(page: Page, seed: Seeder) -> None:
+    seed.run("picky", 1, **SPEC)
+    seed.steps("picky", range(4), 1, wave)
+    page.goto("/runs/picky?metrics=ratio_max,probs_ratio")
+    cards = page.locator(".card")
+    expect(cards).to_have_count(2)
+    assert cards.evaluate_all("(cs) => cs.map((c) => c.dataset.metric)") == [
+        "probs_ratio",
+        "ratio_max",
+    ]
+    expect(page.locator("#metric-count")).to_have_text("2 of 4")
+    page.locator("#metric-picker summary").click()
+    page.locator('#metric-list label[data-metric="ratio_num"] input').check()
+    expect(cards).to_have_count(3)
+    expect(page).to_have_url("/runs/picky?metrics=probs_ratio,ratio_num,ratio_max")
+    page.locator("#metrics-all").click()
+    expect(cards).to_have_count(4)
+    expect(page).to_have_url("/runs/picky")
