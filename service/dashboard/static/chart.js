@@ -41,6 +41,7 @@ export class MetricChart {
 
   // Fetch the view's range at about one point per pixel, for the run and its overlays.
   async load() {
+    const token = (this.loads = (this.loads ?? 0) + 1); // a newer load wins
     this.stale = false;
     this.pending = [];
     this.card.dataset.state = "loading";
@@ -51,10 +52,12 @@ export class MetricChart {
       this.primary = new RunSeries(this.page.run, body);
       this.overlays = await this.loadOverlays(view.overlay, range);
     } catch (error) {
+      if (token !== this.loads) return;
       this.card.dataset.state = "error";
       this.foot.textContent = `could not load: ${error.message}`;
       return;
     }
+    if (token !== this.loads) return;
     const pending = this.pending;
     this.pending = null;
     for (const step of pending) this.applyStep(step, false);

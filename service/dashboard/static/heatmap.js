@@ -25,11 +25,17 @@ export class Heatmap {
   // Status of every step in view from one series (it keeps every partial and revised
   // step when downsampled), then the ranks of the flagged steps.
   async load() {
+    const token = (this.loads = (this.loads ?? 0) + 1); // a newer load wins
     const view = this.page.view();
-    this.steps.clear();
-    if (!this.page.firstMetric) return this.draw();
+    this.canvas.dataset.state = "loading";
+    if (!this.page.firstMetric) {
+      this.canvas.dataset.state = "ready";
+      return this.draw();
+    }
     const points = Math.max(2, Math.min(10000, 2 * this.cssWidth()));
     const series = await getSeries(this.page.run, this.page.firstMetric, { start: view.start, end: view.end, points });
+    if (token !== this.loads) return;
+    this.steps.clear();
     this.downsampled = series.downsampled;
     series.steps.forEach((step, i) => {
       this.steps.set(step, { status: series.status[i], revision: series.revision[i], missing: new Set(), late: new Set(), known: false });
@@ -37,7 +43,7 @@ export class Heatmap {
     this.draw();
     const flagged = series.steps.filter((s, i) => series.status[i] === "partial" || series.revision[i] > 1);
     await this.fetchRanks(flagged.slice(-DETAIL_LIMIT));
-    this.canvas.dataset.state = "ready";
+    if (token === this.loads) this.canvas.dataset.state = "ready";
   }
 
   async fetchRanks(steps) {
