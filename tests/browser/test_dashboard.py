@@ -134,7 +134,9 @@ def test_partial_step_is_marked_with_its_missing_rank(page: Page, seed: Seeder) 
     assert marked_steps(page, "ratio_num", PARTIAL_MARKERS) == [5]
     box = heat.bounding_box()
     assert box is not None
-    heat.click(position={"x": box["width"] * 5.5 / 6, "y": box["height"] * 3 / 4})
+    gutter = 34  # px of rank labels left of the cells
+    x = gutter + (box["width"] - gutter) * 5.5 / 6
+    heat.click(position={"x": x, "y": box["height"] * 3 / 4})
     detail = page.locator("#detail")
     expect(detail).to_have_attribute("data-step", "5")
     expect(page.locator("#detail-status")).to_have_text("partial")

@@ -8,6 +8,7 @@ import { getSeries, getStep } from "./api.js";
 const COLOURS = { committed: "#b9dfc6", late: "#f59e0b", missing: "#dc2626", none: "#eef0f3" };
 const RANK = { committed: 0, late: 1, missing: 2 };
 const DETAIL_LIMIT = 300; // flagged steps whose ranks are fetched one by one
+const GUTTER = 34; // px left of the cells, for the rank labels
 
 export class Heatmap {
   // page: {run, worldSize, firstMetric, view(), select(step)}
@@ -102,7 +103,7 @@ export class Heatmap {
     const view = this.page.view();
     const lo = view.start ?? (this.steps.size ? first : 0);
     const hi = view.end ?? (this.steps.size ? last : 0);
-    const width = this.cssWidth();
+    const width = this.cssWidth() - GUTTER;
     const span = hi - lo + 1;
     return { ranks, rowHeight, lo, hi, width, stepsPerPx: span / width, colWidth: width / span };
   }
@@ -124,6 +125,8 @@ export class Heatmap {
     this.canvas.height = Math.round(height * dpr);
     const ctx = this.canvas.getContext("2d");
     ctx.scale(dpr, dpr);
+    this.labelRanks(ctx, g);
+    ctx.translate(GUTTER, 0);
     ctx.fillStyle = COLOURS.none;
     ctx.fillRect(0, 0, g.width, height);
     this.layoutNow = g;
@@ -139,6 +142,15 @@ export class Heatmap {
     const label = (id, step) => (document.getElementById(id).textContent = this.steps.size ? `step ${step.toLocaleString("en-US")}` : "");
     label("heat-first", g.lo);
     label("heat-last", g.hi);
+  }
+
+  // "r0", "r1", … beside the rows (every row when they are tall enough, else a few).
+  labelRanks(ctx, g) {
+    ctx.fillStyle = "#656d76";
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    const every = Math.ceil(11 / g.rowHeight);
+    for (let r = 0; r < g.ranks; r += every) ctx.fillText(`r${r}`, 2, r * g.rowHeight + g.rowHeight / 2);
   }
 
   // [x0, x1, state per rank] for each drawn column (a step, or a bucket of steps).
@@ -166,7 +178,8 @@ export class Heatmap {
     const g = this.layoutNow;
     if (!g) return null;
     const box = this.canvas.getBoundingClientRect();
-    const x = e.clientX - box.left;
+    const x = e.clientX - box.left - GUTTER;
+    if (x < 0) return null;
     const rank = Math.min(g.ranks - 1, Math.floor((e.clientY - box.top) / g.rowHeight));
     const first = g.lo + Math.floor(x * g.stepsPerPx);
     const last = Math.max(first, g.lo + Math.floor((x + 1) * g.stepsPerPx) - 1);
