@@ -12,8 +12,8 @@ value, so a spike is never averaged away; every partial step, every revised step
 and every NaN, infinite or undefined value is kept besides. Partial and revised
 steps are marked: the query repeats their value in the columns ``partial`` and
 ``revised``, drawn as points over the line (Grafana's annotations are placed by
-time and would not line up with a step axis). A table lists the partial and
-revised steps with the ranks each was missing.
+time and would not line up with a step axis). Two tables count the steps by
+status and list the partial and revised steps with the ranks each was missing.
 """
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ FROM b
 WHERE low = 1 OR high = 1 OR status = 'partial' OR revision > 1
    OR value IS NULL OR abs(value) = 'Infinity'
 ORDER BY step"""
+
+STATUS_SQL = """\
+SELECT s.status, count(*) AS steps, count(*) FILTER (WHERE s.revision > 1) AS revised
+FROM steps s
+JOIN runs r ON r.id = s.run_id
+WHERE r.name = '$run'
+GROUP BY s.status
+ORDER BY s.status"""
 
 FLAGGED_SQL = """\
 SELECT s.step, s.status, s.revision, s.missing_ranks,
@@ -96,6 +104,18 @@ def values_panel() -> trend.Panel:
     )
 
 
+def status_panel() -> table.Panel:
+    return (
+        table.Panel()
+        .title("Steps by status")
+        .description("Open, complete and partial steps; how many were finalised again.")
+        .datasource(POSTGRES)
+        .with_target(SqlQuery(STATUS_SQL))
+        .height(8)
+        .span(8)
+    )
+
+
 def flagged_panel() -> table.Panel:
     return (
         table.Panel()
@@ -104,7 +124,7 @@ def flagged_panel() -> table.Panel:
         .datasource(POSTGRES)
         .with_target(SqlQuery(FLAGGED_SQL))
         .height(8)
-        .span(24)
+        .span(16)
     )
 
 
@@ -128,6 +148,7 @@ def dashboard() -> Dashboard:
         .with_variable(variable.sql_metric())
         .with_variable(points_variable())
         .with_row(Row("Steps needing attention"))
+        .with_panel(status_panel())
         .with_panel(flagged_panel())
         .with_row(Row("Values by step"))
         .with_panel(values_panel())

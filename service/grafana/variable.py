@@ -4,16 +4,18 @@ On PostgreSQL, ``run`` is single-valued (a diagnostics page is about one run) an
 Grafana puts its value into the SQL unquoted, so queries write ``'$run'``;
 ``metric`` is multi-valued and interpolates as a quoted list, so queries write
 ``IN ($metric)``. On Prometheus both are multi-valued and interpolate as a regex
-alternation, so queries write ``=~"$run"``; "All" is ``.*``.
+alternation, so queries write ``=~"$run"``; "All" is ``.*``. Every multi-valued
+variable starts at "All".
 """
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import QueryVariable
-from grafana_foundation_sdk.models.dashboard import VariableRefresh, VariableSort
+from grafana_foundation_sdk.models.dashboard import VariableOption, VariableRefresh, VariableSort
 
 from steptally.service.grafana.datasource import POSTGRES, PROMETHEUS
 
+ALL = VariableOption(selected=True, text=["All"], value=["$__all"])  # preselected
 RUNS_SQL = "SELECT name FROM runs ORDER BY name"
 METRICS_SQL = (
     "SELECT m.name FROM metrics m JOIN runs r ON r.id = m.run_id "
@@ -41,6 +43,7 @@ def sql_metric() -> QueryVariable:
         .datasource(POSTGRES)
         .multi(True)
         .include_all(True)
+        .current(ALL)
     )
 
 
@@ -60,4 +63,5 @@ def _prometheus(name: str, label: str, query: str) -> QueryVariable:
         .multi(True)
         .include_all(True)
         .all_value(".*")
+        .current(ALL)
     )

@@ -81,7 +81,7 @@ def _values(engine: sa.Engine, run: str, metric: str, points: str) -> list[tuple
 
 def test_every_sql_query_is_a_panel_or_variable_checked_here() -> None:
     titles = sorted(title for _, title, *_ in grafana.targets(grafana.POSTGRES))
-    assert titles == ["$metric by step", "Partial and revised steps"]
+    assert titles == ["$metric by step", "Partial and revised steps", "Steps by status"]
     names = sorted(v["name"] for _, v, _ in grafana.query_variables(grafana.POSTGRES))
     assert names == ["metric", "run"]
 
@@ -131,3 +131,11 @@ def test_partial_and_revised_steps_with_their_missing_ranks(seeded: sa.Engine) -
     at = [datetime.fromtimestamp(T0 + s, tz=UTC) for s in (10, 15)]
     assert rows == [(1, "partial", 1, 1, "1", at[0]), (2, "complete", 2, 0, "", at[1])]
     assert _rows(seeded, grafana.sql(text, board, {"run": ["long"]})) == []
+
+
+def test_steps_by_status(seeded: sa.Engine, api: Api) -> None:
+    api.send([(5, 0, 0, {"a": 1.0, "n": 1})], run="grpo")  # step 5 stays open
+    text, board = _panel_sql("Steps by status")
+    rows = _rows(seeded, grafana.sql(text, board, {"run": ["grpo"]}))
+    assert rows == [("complete", 4, 1), ("open", 1, 0), ("partial", 1, 0)]
+    assert _rows(seeded, grafana.sql(text, board, {"run": ["long"]})) == [("complete", 20, 0)]
