@@ -6,8 +6,9 @@ mask narrowed by the previous-policy keep mask alone, never by the current one:
 - ``token_mult_prob_error``: exp(|gen - prev|);
 - ``gen_kl_error``: k(prev - gen), the KL estimate of KL(gen ‖ prev);
 - ``policy_kl_error``: k(gen - prev), of KL(prev ‖ gen);
-- ``js_divergence_error``: ½ k3(m - prev) + ½ k3(m - gen) with the mixture
-  m = log(½e^prev + ½e^gen), computed stably from max(prev, gen).
+- ``js_divergence_error``: ½·(h(prev) + h(gen)) with h(p) = e^(p-m) - (p-m) - 1,
+  that is k3(p - m), over the mixture m = log(½e^prev + ½e^gen), computed stably from
+  max(prev, gen).
 
 k is the configured estimator, without clamps. All values are detached and 0 outside
 the mask (:func:`mismatch_values` leaves out that last step: its values outside the mask
@@ -36,7 +37,7 @@ def mismatch_values(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[
     gen = torch.where(mask, gen, 0.0)
     diff = gen - prev
     mixture = _log_mixture(prev, gen)
-    js = 0.5 * kl_estimate(mixture - prev, "k3") + 0.5 * kl_estimate(mixture - gen, "k3")
+    js = 0.5 * (kl_estimate(prev - mixture, "k3") + kl_estimate(gen - mixture, "k3"))
     return {
         "token_mult_prob_error": torch.exp(diff.abs()),
         "gen_kl_error": kl_estimate(-diff, kind),

@@ -180,3 +180,18 @@ def test_the_spec_guards_make_raw_device_values_safe_to_send():
     assert raw.report()["probs_ratio_min"].value == only_full
     assert math.isfinite(only_full)
     assert loss_fn.metric_spec().guards["probs_ratio_max"] == "actor_positions"
+
+
+def test_js_divergence_is_the_seeds_half_sum_from_p_minus_m():
+    # e^prev = 0.2, e^gen = 0.6: m = log 0.4, h(prev) = 0.5 - ln 0.5 - 1, h(gen) = 1.5 - ln 1.5
+    # - 1, so ½(h(prev) + h(gen)) = ½ ln(4/3) (from m - p it would be ⅓ - ½ ln(4/3))
+    from steptally.client.loss.mismatch import mismatch_values
+
+    prev = torch.tensor([[math.log(0.2)]], dtype=torch.float64)
+    gen = torch.tensor([[math.log(0.6)]], dtype=torch.float64)
+    mask = torch.tensor([[True]])
+    js = mismatch_values(prev, gen, mask, "k3")["js_divergence_error"]
+    assert js.item() == pytest.approx(0.5 * math.log(4 / 3), rel=1e-14, abs=0)
+    f = run(NO_KL, tiny([[-1.0]], [[math.log(0.2)]], [[math.log(0.6)]]))
+    assert f["js_divergence_error_num"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    assert f["js_divergence_error_num"] != pytest.approx(1 / 3 - 0.5 * math.log(4 / 3), rel=0.1)
