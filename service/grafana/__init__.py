@@ -8,6 +8,7 @@ differs from a fresh build.
 * :mod:`.datasource` — the two provisioned datasources (fixed uids) and the raw-SQL
   query the SDK does not ship;
 * :mod:`.variable` — the ``run`` and ``metric`` template variables;
+* :mod:`.prometheus_panel` — time-series and stat panels over Prometheus;
 * :mod:`.run_diagnostics` — per-step values of a run from PostgreSQL;
 * :mod:`.live` — latest values and progress from Prometheus;
 * :mod:`.service_health` — requests, ingest and finalisation from Prometheus;
