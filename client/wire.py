@@ -36,7 +36,26 @@ from typing import Any
 from steptally.client.algebra.kind import NAME_PATTERN
 
 MAX_INT = 2**63 - 1
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: the proto3 JSON strings of the non-finite numbers, and what they decode to
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_LITTLE = sys.byteorder == "little"
+
+
+def f64_to_le_bytes(values: array[float]) -> bytes:
+    """Float64 ``values`` as little-endian bytes (the wire's and the store's order)."""
+    if _LITTLE:
+        return values.tobytes()
+    swapped = array("d", values)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def f64_from_le_bytes(raw: bytes) -> array[float]:
+    """Little-endian float64 bytes as native floats (``len(raw)`` a multiple of 8)."""
+    values = array("d", raw)
+    if not _LITTLE:
+        values.byteswap()
+    return values
 
 
 class WireError(ValueError):
@@ -99,7 +118,7 @@ def decode_number(v: object, where: str) -> float:
         raise WireError(where, f"expected a number, got {type(v).__name__}")
     if isinstance(v, str):
         try:
-            return _NON_FINITE[v]
+            return NON_FINITE[v]
         except KeyError:
             raise WireError(
                 where,
@@ -230,9 +249,7 @@ def _decode_columnar(data: object) -> FragmentBatch:
         raise WireError(
             "columnar.values", f"holds {len(raw) // 8} float64 values, expected {cells}"
         )
-    values = array("d", raw)
-    if sys.byteorder != "little":
-        values.byteswap()
+    values = f64_from_le_bytes(raw)
     _canonical_nan(values)
     present = None
     if data.get("present") is not None:
@@ -271,17 +288,13 @@ def encode_commits(commits: Sequence[Commit]) -> list[dict[str, int]]:
 
 def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
     """The compact form of ``batch`` as a JSON-ready dict."""
-    values = batch.values
-    if sys.byteorder != "little":
-        values = array("d", values)
-        values.byteswap()
     return {
         "columnar": {
             "metrics": list(batch.metrics),
             "step": list(batch.steps),
             "rank": list(batch.ranks),
             "seq": list(batch.seqs),
-            "values": base64.b64encode(values.tobytes()).decode("ascii"),
+            "values": base64.b64encode(f64_to_le_bytes(batch.values)).decode("ascii"),
             "present": None if batch.present is None else base64.b64encode(batch.present).decode(),
         },
         "commits": encode_commits(batch.commits),

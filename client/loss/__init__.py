@@ -2,7 +2,8 @@
 
 ``ClippedPGLoss(config)(inputs) -> (loss, fragments)``; ``metric_spec()`` declares how
 the service combines the fragments; :func:`fragments_to_host` resolves them on the
-reporter's side. See :mod:`steptally.client.loss.masks` for the mask semantics and
+reporter's side; :class:`Fragment` and :class:`Diagnostic` name them. See
+:mod:`steptally.client.loss.masks` for the mask semantics and
 :mod:`steptally.client.loss.fragments` for how an empty min/max is handled.
 """
 
@@ -18,6 +19,7 @@ from steptally.client.loss.inputs import (
 )
 from steptally.client.loss.loss import ClippedPGLoss
 from steptally.client.loss.masks import mask_out_neg_inf_logprobs
+from steptally.client.loss.names import Diagnostic, Fragment
 from steptally.client.loss.packing import pack, unpack
 from steptally.client.loss.spec import EXTREME_COMPANIONS, metric_spec
 
@@ -26,6 +28,8 @@ __all__ = [
     "ClippedPGConfig",
     "ClippedPGLoss",
     "ConfigError",
+    "Diagnostic",
+    "Fragment",
     "InputError",
     "LossError",
     "LossInputs",

@@ -27,10 +27,12 @@ from steptally.client.loss.config import ClippedPGConfig
 from steptally.client.loss.exact_sum import exact_sums
 from steptally.client.loss.inputs import LossInputs
 from steptally.client.loss.mismatch import mismatch_values
+from steptally.client.loss.names import NUMERATOR, Fragment
 from steptally.client.loss.reduction import loss_rows
 from steptally.client.loss.spec import EXTREME_COMPANIONS, fragment_kinds
 from steptally.client.loss.terms import Terms, approx_entropy
 
+F = Fragment
 F64 = torch.float64
 Rows = dict[str, Tensor]
 
@@ -42,10 +44,10 @@ def _importance_terms(config: ClippedPGConfig, terms: Terms) -> tuple[Rows, Rows
     seqs: Rows = {}
     target = seqs if imp.per_sequence else tokens
     weight = sample if imp.per_sequence else masks.mismatch_weight
-    target["sampling_importance_ratio_num"] = imp.value * weight
+    target[F.SAMPLING_IMPORTANCE_RATIO_NUM] = imp.value * weight
     if imp.oob is not None:
         oob_weight = sample if imp.oob_per_sequence else masks.mismatch_weight
-        (seqs if imp.oob_per_sequence else tokens)["is_oob_num"] = imp.oob * oob_weight
+        (seqs if imp.oob_per_sequence else tokens)[F.IS_OOB_NUM] = imp.oob * oob_weight
     return tokens, seqs
 
 
@@ -61,17 +63,17 @@ def _count_terms(config: ClippedPGConfig, terms: Terms) -> Rows:
     full, actor = counts[0], counts[1]
     weighted = counts[:3] * sample
     filtered = full - counts[2:]  # full ∧ ¬keep(prev), full ∧ ¬keep(curr)
-    out = {
-        "valid_tokens": weighted[0],
-        "actor_tokens": weighted[1],
-        "mismatch_tokens": weighted[2],
-        "actor_positions": actor,
-        "filtered_curr_tokens": filtered[1],
-        "filtered_prev_tokens": filtered[0],
-        "valid_seqs": sample,
+    out: Rows = {
+        F.VALID_TOKENS: weighted[0],
+        F.ACTOR_TOKENS: weighted[1],
+        F.MISMATCH_TOKENS: weighted[2],
+        F.ACTOR_POSITIONS: actor,
+        F.FILTERED_CURR_TOKENS: filtered[1],
+        F.FILTERED_PREV_TOKENS: filtered[0],
+        F.VALID_SEQS: sample,
     }
     if terms.correct is not None and config.nll_enabled:
-        out["correct_tokens"] = torch.where(terms.correct, weighted[0], 0.0)
+        out[F.CORRECT_TOKENS] = torch.where(terms.correct, weighted[0], 0.0)
     return out
 
 
@@ -92,15 +94,15 @@ def fragment_terms(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> 
     m = terms.masks
     r, rc = terms.ratios.ratio.detach(), terms.ratios.clamped.detach()
     tokens: Rows = {
-        "probs_ratio_num": _actor_weighted(config, r, terms),
-        "probs_ratio_clamped_num": _actor_weighted(config, rc, terms),
-        "approx_entropy_num": approx_entropy(terms, batch.generation_logprobs) * m.actor_weight,
+        F.PROBS_RATIO_NUM: _actor_weighted(config, r, terms),
+        F.PROBS_RATIO_CLAMPED_NUM: _actor_weighted(config, rc, terms),
+        F.APPROX_ENTROPY_NUM: approx_entropy(terms, batch.generation_logprobs) * m.actor_weight,
     }
     kind = config.reference_policy_kl_type
     for name, value in mismatch_values(
         terms.prev, batch.generation_logprobs, m.mismatch, kind
     ).items():
-        tokens[f"{name}_num"] = value * m.mismatch_weight
+        tokens[NUMERATOR[name]] = value * m.mismatch_weight
     imp_tokens, seqs = _importance_terms(config, terms)
     tokens.update(imp_tokens)
     seqs.update(_count_terms(config, terms))
@@ -117,10 +119,10 @@ def extremes(terms: Terms) -> dict[str, Tensor]:
     high = torch.where(actor, values, float("-inf")).amax((1, 2))
     found = torch.cat([low, high]).to(F64).unbind(0)
     names = (
-        "probs_ratio_min",
-        "probs_ratio_clamped_min",
-        "probs_ratio_max",
-        "probs_ratio_clamped_max",
+        F.PROBS_RATIO_MIN,
+        F.PROBS_RATIO_CLAMPED_MIN,
+        F.PROBS_RATIO_MAX,
+        F.PROBS_RATIO_CLAMPED_MAX,
     )
     return dict(zip(names, found, strict=True))
 

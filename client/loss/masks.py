@@ -48,14 +48,6 @@ class Masks:
     mismatch_weight: Tensor
     sample_weight: Tensor
 
-    @property
-    def filtered_curr(self) -> Tensor:
-        return self.full & ~self.keep_curr
-
-    @property
-    def filtered_prev(self) -> Tensor:
-        return self.full & ~self.keep_prev
-
 
 def build_masks(
     token_mask: Tensor, sample_mask: Tensor, keep_curr: Tensor, keep_prev: Tensor

@@ -10,9 +10,8 @@ mask narrowed by the previous-policy keep mask alone, never by the current one:
   that is k3(p - m), over the mixture m = log(½e^prev + ½e^gen), computed stably from
   max(prev, gen).
 
-k is the configured estimator, without clamps. All values are detached and 0 outside
-the mask (:func:`mismatch_values` leaves out that last step: its values outside the mask
-are finite but not 0, for callers that multiply by a weight that is 0 there).
+k is the configured estimator, without clamps. All values are detached; outside the
+mask they are finite but not 0, for callers that multiply by a weight that is 0 there.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import torch
 from torch import Tensor
 
 from steptally.client.loss.kl import kl_estimate
+from steptally.client.loss.names import Diagnostic
 
 
 def _log_mixture(prev: Tensor, gen: Tensor) -> Tensor:
@@ -30,7 +30,7 @@ def _log_mixture(prev: Tensor, gen: Tensor) -> Tensor:
     return top + torch.log(torch.exp(prev - top) + torch.exp(gen - top)) - math.log(2.0)
 
 
-def mismatch_values(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
+def mismatch_values(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[Diagnostic, Tensor]:
     """Per-token values of the four diagnostics; outside ``mask`` both logprobs read as 0,
     so every value there is finite (a weight of 0 makes it an exact 0)."""
     prev = torch.where(mask, prev.detach(), 0.0)
@@ -39,14 +39,8 @@ def mismatch_values(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[
     mixture = _log_mixture(prev, gen)
     js = 0.5 * (kl_estimate(prev - mixture, "k3") + kl_estimate(gen - mixture, "k3"))
     return {
-        "token_mult_prob_error": torch.exp(diff.abs()),
-        "gen_kl_error": kl_estimate(-diff, kind),
-        "policy_kl_error": kl_estimate(diff, kind),
-        "js_divergence_error": js,
+        Diagnostic.TOKEN_MULT_PROB_ERROR: torch.exp(diff.abs()),
+        Diagnostic.GEN_KL_ERROR: kl_estimate(-diff, kind),
+        Diagnostic.POLICY_KL_ERROR: kl_estimate(diff, kind),
+        Diagnostic.JS_DIVERGENCE_ERROR: js,
     }
-
-
-def mismatch_terms(prev: Tensor, gen: Tensor, mask: Tensor, kind: str) -> dict[str, Tensor]:
-    """Per-token values of the four mismatch diagnostics over ``mask`` (0 outside it)."""
-    values = mismatch_values(prev, gen, mask, kind)
-    return {name: torch.where(mask, value, 0.0) for name, value in values.items()}

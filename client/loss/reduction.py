@@ -16,6 +16,7 @@ from torch import Tensor
 from steptally.client.loss.config import ClippedPGConfig
 from steptally.client.loss.exact_sum import exact_sums
 from steptally.client.loss.inputs import LossInputs, Scalar
+from steptally.client.loss.names import Fragment as F
 from steptally.client.loss.ratio import safe_divisor
 from steptally.client.loss.terms import Terms
 
@@ -30,9 +31,9 @@ def loss_rows(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> tuple
     sequences. The NLL is always a flat token sum. Returned unsummed, so the fragments can
     add their own rows to the same stacked sums."""
     masks = terms.masks
-    weighted = {"actor_loss_num": terms.surrogate * masks.actor_weight}
+    weighted: Rows = {F.ACTOR_LOSS_NUM: terms.surrogate * masks.actor_weight}
     if terms.kl is not None:
-        weighted["kl_penalty_num"] = terms.kl * masks.full_weight
+        weighted[F.KL_PENALTY_NUM] = terms.kl * masks.full_weight
     tokens: Rows = {}
     seqs: Rows = {}
     if config.token_level_loss:
@@ -44,7 +45,7 @@ def loss_rows(config: ClippedPGConfig, batch: LossInputs, terms: Terms) -> tuple
     if config.nll_enabled:
         assert terms.correct is not None
         correct = torch.where(terms.correct[:, None], masks.actor_weight, 0.0)
-        tokens["nll_num"] = (-terms.curr * correct).reshape(-1)
+        tokens[F.NLL_NUM] = (-terms.curr * correct).reshape(-1)
     return tokens, seqs
 
 
@@ -63,12 +64,12 @@ def _divisor(value: Scalar) -> Tensor | float:
 def loss_value(config: ClippedPGConfig, batch: LossInputs, numerators: dict[str, Tensor]) -> Tensor:
     """The microbatch's share of the step loss, in the current logprobs' dtype."""
     scale = batch.global_valid_tokens if config.token_level_loss else batch.global_valid_seqs
-    total = numerators["actor_loss_num"]
-    if "kl_penalty_num" in numerators:
-        total = total + config.reference_policy_kl_penalty * numerators["kl_penalty_num"]
+    total = numerators[F.ACTOR_LOSS_NUM]
+    if F.KL_PENALTY_NUM in numerators:
+        total = total + config.reference_policy_kl_penalty * numerators[F.KL_PENALTY_NUM]
     total = total / _divisor(scale)
-    if "nll_num" in numerators:
+    if F.NLL_NUM in numerators:
         assert batch.global_correct_tokens is not None
-        nll = numerators["nll_num"] / _divisor(batch.global_correct_tokens)
+        nll = numerators[F.NLL_NUM] / _divisor(batch.global_correct_tokens)
         total = total + config.positive_example_nll_weight * nll
     return total.to(batch.curr_logprobs.dtype)

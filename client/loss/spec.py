@@ -14,86 +14,90 @@ Kinds:
   whose companion count is 0 has an empty mask, and its neutral ±inf extremum counts
   nowhere — the algebra skips it on the service, and
   :func:`~steptally.client.loss.fragments_to_host` already omits it on the host.
+
+Every name is a member of :mod:`steptally.client.loss.names`; the spec hands them on as
+plain strings.
 """
 
 from __future__ import annotations
 
 from steptally.client.algebra import MetricSpec
 from steptally.client.loss.config import ClippedPGConfig
+from steptally.client.loss.names import MISMATCH, NUMERATOR, Diagnostic, Fragment
+
+F, D = Fragment, Diagnostic
 
 EXTREMES: dict[str, str] = {
-    "probs_ratio_min": "min",
-    "probs_ratio_max": "max",
-    "probs_ratio_clamped_min": "min",
-    "probs_ratio_clamped_max": "max",
+    F.PROBS_RATIO_MIN: "min",
+    F.PROBS_RATIO_MAX: "max",
+    F.PROBS_RATIO_CLAMPED_MIN: "min",
+    F.PROBS_RATIO_CLAMPED_MAX: "max",
 }
-EXTREME_COMPANIONS: dict[str, str] = dict.fromkeys(EXTREMES, "actor_positions")
+EXTREME_COMPANIONS: dict[str, str] = {str(name): str(F.ACTOR_POSITIONS) for name in EXTREMES}
 
-COUNTS = ("actor_positions", "filtered_curr_tokens", "filtered_prev_tokens")
-WEIGHTS = ("valid_tokens", "valid_seqs", "actor_tokens", "mismatch_tokens")
-ACTOR_MEANS = ("probs_ratio", "probs_ratio_clamped", "approx_entropy")
-MISMATCH_MEANS = (
-    "token_mult_prob_error",
-    "gen_kl_error",
-    "policy_kl_error",
-    "js_divergence_error",
-)
+COUNTS = (F.ACTOR_POSITIONS, F.FILTERED_CURR_TOKENS, F.FILTERED_PREV_TOKENS)
+WEIGHTS = (F.VALID_TOKENS, F.VALID_SEQS, F.ACTOR_TOKENS, F.MISMATCH_TOKENS)
+ACTOR_MEANS = (D.PROBS_RATIO, D.PROBS_RATIO_CLAMPED, D.APPROX_ENTROPY)
+MISMATCH_MEANS = MISMATCH
 
 
-def loss_denominator(config: ClippedPGConfig) -> str:
+def loss_denominator(config: ClippedPGConfig) -> Fragment:
     """The weight fragment the loss-scale numerators divide by."""
-    return "valid_tokens" if config.token_level_loss else "valid_seqs"
+    return F.VALID_TOKENS if config.token_level_loss else F.VALID_SEQS
 
 
-def importance_denominator(config: ClippedPGConfig) -> str:
+def importance_denominator(config: ClippedPGConfig) -> Fragment:
     """What the importance-weight diagnostics divide by: sequences under GSPO."""
-    return "valid_seqs" if config.gspo else "mismatch_tokens"
+    return F.VALID_SEQS if config.gspo else F.MISMATCH_TOKENS
 
 
-def oob_denominator(config: ClippedPGConfig) -> str:
+def oob_denominator(config: ClippedPGConfig) -> Fragment:
     per_sequence = config.gspo or config.truncated_importance_sampling_type == "seq-mask-tis"
-    return "valid_seqs" if per_sequence else "mismatch_tokens"
+    return F.VALID_SEQS if per_sequence else F.MISMATCH_TOKENS
 
 
 def fragment_kinds(config: ClippedPGConfig) -> dict[str, str]:
     """Every fragment name the loss emits under ``config``, with its kind."""
     kinds: dict[str, str] = dict.fromkeys(WEIGHTS, "sum")
     kinds.update(dict.fromkeys(COUNTS, "count"))
-    kinds["actor_loss_num"] = "sum"
-    kinds.update({f"{name}_num": "sum" for name in (*ACTOR_MEANS, *MISMATCH_MEANS)})
-    kinds["sampling_importance_ratio_num"] = "sum"
+    kinds[F.ACTOR_LOSS_NUM] = "sum"
+    kinds.update(dict.fromkeys((NUMERATOR[d] for d in (*ACTOR_MEANS, *MISMATCH_MEANS)), "sum"))
+    kinds[F.SAMPLING_IMPORTANCE_RATIO_NUM] = "sum"
     kinds.update(EXTREMES)
     if config.truncated_importance_sampling_type is not None:
-        kinds["is_oob_num"] = "sum"
+        kinds[F.IS_OOB_NUM] = "sum"
     if config.kl_enabled:
-        kinds["kl_penalty_num"] = "sum"
+        kinds[F.KL_PENALTY_NUM] = "sum"
     if config.nll_enabled:
-        kinds["nll_num"] = "sum"
-        kinds["correct_tokens"] = "sum"
-    return kinds
+        kinds[F.NLL_NUM] = "sum"
+        kinds[F.CORRECT_TOKENS] = "sum"
+    return {str(name): kind for name, kind in kinds.items()}  # plain strings on the wire
+
+
+def _mean(name: Diagnostic, count: Fragment) -> str:
+    return f"{NUMERATOR[name]} / {count}"
 
 
 def derived_expressions(config: ClippedPGConfig) -> dict[str, str]:
     """Every derived value: a numerator over its count, divided once on the service."""
-    derived = {name: f"{name}_num / actor_tokens" for name in ACTOR_MEANS}
-    derived.update({name: f"{name}_num / mismatch_tokens" for name in MISMATCH_MEANS})
-    derived["sampling_importance_ratio"] = (
-        f"sampling_importance_ratio_num / {importance_denominator(config)}"
-    )
+    derived = {name: _mean(name, F.ACTOR_TOKENS) for name in ACTOR_MEANS}
+    derived.update({name: _mean(name, F.MISMATCH_TOKENS) for name in MISMATCH_MEANS})
+    sampling = D.SAMPLING_IMPORTANCE_RATIO
+    derived[sampling] = _mean(sampling, importance_denominator(config))
     if config.truncated_importance_sampling_type is not None:
-        derived["is_oob_ratio"] = f"is_oob_num / {oob_denominator(config)}"
+        derived[D.IS_OOB_RATIO] = _mean(D.IS_OOB_RATIO, oob_denominator(config))
     scale = loss_denominator(config)
-    derived["actor_loss"] = f"actor_loss_num / {scale}"
-    loss = "actor_loss"
+    derived[D.ACTOR_LOSS] = _mean(D.ACTOR_LOSS, scale)
+    loss = f"{D.ACTOR_LOSS}"
     if config.kl_enabled:
-        derived["kl_penalty"] = f"kl_penalty_num / {scale}"
-        loss += f" + {config.reference_policy_kl_penalty!r} * kl_penalty"
+        derived[D.KL_PENALTY] = _mean(D.KL_PENALTY, scale)
+        loss += f" + {config.reference_policy_kl_penalty!r} * {D.KL_PENALTY}"
     if config.nll_enabled:
-        derived["positive_nll_loss"] = "nll_num / correct_tokens"
-        loss += f" + {config.positive_example_nll_weight!r} * positive_nll_loss"
-    derived["loss"] = loss
-    derived["num_valid_samples"] = "valid_seqs"
-    return derived
+        derived[D.POSITIVE_NLL_LOSS] = _mean(D.POSITIVE_NLL_LOSS, F.CORRECT_TOKENS)
+        loss += f" + {config.positive_example_nll_weight!r} * {D.POSITIVE_NLL_LOSS}"
+    derived[D.LOSS] = loss
+    derived[D.NUM_VALID_SAMPLES] = str(F.VALID_SEQS)
+    return {str(name): expression for name, expression in derived.items()}
 
 
 def metric_spec(config: ClippedPGConfig) -> MetricSpec:

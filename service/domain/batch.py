@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from steptally.client.algebra import Kind
-from steptally.client.wire import FragmentBatch
+from steptally.client.wire import FragmentBatch, f64_to_le_bytes
 from steptally.service.domain import cells
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import (
@@ -124,7 +124,7 @@ def _pack_fragments(run: RunRecord, batch: FragmentBatch, out: PreparedBatch) ->
     m = len(batch.metrics)
     order = [run.column_of[name] for name in batch.metrics]
     fast = batch.present is None and order == list(range(width))
-    raw = cells.to_bytes(batch.values) if fast else b""
+    raw = f64_to_le_bytes(batch.values) if fast else b""
     keys = zip(batch.steps, batch.ranks, batch.seqs, strict=True)
     for i, key in enumerate(keys):
         if fast:

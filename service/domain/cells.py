@@ -9,28 +9,13 @@ nothing), and the mask is None when every column of the blob is present.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from itertools import compress
 
+from steptally.client.wire import f64_from_le_bytes, f64_to_le_bytes
+
 Cell = tuple[bytes, bytes | None]
-_LITTLE = sys.byteorder == "little"
-
-
-def to_bytes(values: array[float]) -> bytes:
-    if _LITTLE:
-        return values.tobytes()
-    swapped = array("d", values)
-    swapped.byteswap()
-    return swapped.tobytes()
-
-
-def from_bytes(raw: bytes) -> array[float]:
-    values = array("d", raw)
-    if not _LITTLE:
-        values.byteswap()
-    return values
 
 
 def pack(values: Sequence[float], mask: bytes | bytearray) -> Cell:
@@ -38,7 +23,7 @@ def pack(values: Sequence[float], mask: bytes | bytearray) -> Cell:
     last = len(mask) - 1
     while last >= 0 and not mask[last]:
         last -= 1
-    blob = to_bytes(array("d", (v if p else 0.0 for v, p in zip(values, mask, strict=True))))
+    blob = f64_to_le_bytes(array("d", (v if p else 0.0 for v, p in zip(values, mask, strict=True))))
     blob = blob[: 8 * (last + 1)]
     kept = bytes(mask[: last + 1])
     return blob, (None if all(kept) else kept)
@@ -54,7 +39,7 @@ def columns(
     """
     full = 8 * width
     if all(p is None and len(v) == full for v, p in cells):
-        flat = from_bytes(b"".join(v for v, _ in cells))
+        flat = f64_from_le_bytes(b"".join(v for v, _ in cells))
         mask = None
     else:
         blobs, masks = [], []
@@ -62,7 +47,7 @@ def columns(
             k = len(v) // 8
             blobs.append(v + bytes(full - len(v)))
             masks.append((b"\x01" * k if p is None else p) + bytes(width - k))
-        flat = from_bytes(b"".join(blobs))
+        flat = f64_from_le_bytes(b"".join(blobs))
         mask = b"".join(masks)
     out: list[list[float] | array[float]] = []
     for j in range(width):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Row, func, select, tuple_
 
+from steptally.client.wire import NON_FINITE
 from steptally.service.domain.finalise import StepResult
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
@@ -18,7 +18,6 @@ from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import load_live
 
 _FINAL = (StepStatus.COMPLETE.value, StepStatus.PARTIAL.value)
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def _record(conn: Connection, run: RunRecord, row: Row[Any], live: bool) -> StepRecord:
@@ -100,7 +99,7 @@ def _snapshot(
     if row is not None and row.result is not None:
         for name, m in orjson.loads(row.result)["metrics"].items():
             v = m["value"]
-            values[name] = _NON_FINITE[v] if isinstance(v, str) else v
+            values[name] = NON_FINITE[v] if isinstance(v, str) else v
     partial = counts.get(StepStatus.PARTIAL.value, (0, 0, None))
     return RunSnapshot(
         run=run.name,

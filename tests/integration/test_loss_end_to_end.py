@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch")
 
 from steptally.client.algebra import combine  # noqa: E402
 from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, fragments_to_host  # noqa: E402
+from steptally.client.loss.names import Diagnostic as D  # noqa: E402
+from steptally.client.loss.names import Fragment as F  # noqa: E402
 from steptally.client.loss.synthetic import synthetic_step, with_global_normalisers  # noqa: E402
 from steptally.client.loss.terms import compute_terms  # noqa: E402
 from steptally.client.reporter import Reporter  # noqa: E402
@@ -86,8 +88,8 @@ def test_loss_fragments_through_the_service_are_the_exact_global_means(
         weighted += (ratio * weight).tolist()
         retained += ratio.tolist()
         tokens += float(weight.sum())
-    assert served["actor_tokens"] == tokens
-    assert served["probs_ratio"] == pytest.approx(math.fsum(weighted) / tokens, rel=1e-14)
-    assert served["probs_ratio_max"] == max(retained)
-    assert served["probs_ratio_min"] == min(retained)
-    assert served["filtered_curr_tokens"] >= 40  # the fully filtered microbatch is counted
+    assert served[F.ACTOR_TOKENS] == tokens
+    assert served[D.PROBS_RATIO] == pytest.approx(math.fsum(weighted) / tokens, rel=1e-14)
+    assert served[F.PROBS_RATIO_MAX] == max(retained)
+    assert served[F.PROBS_RATIO_MIN] == min(retained)
+    assert served[F.FILTERED_CURR_TOKENS] >= 40  # the fully filtered microbatch is counted

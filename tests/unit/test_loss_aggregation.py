@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 from steptally.client.algebra import StepAccumulator  # noqa: E402
 from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, fragments_to_host  # noqa: E402
 from steptally.client.loss.fragments import fragment_terms  # noqa: E402
+from steptally.client.loss.names import Diagnostic as D  # noqa: E402
+from steptally.client.loss.names import Fragment as F  # noqa: E402
 from steptally.client.loss.spec import fragment_kinds  # noqa: E402
 from steptally.client.loss.synthetic import synthetic_step, with_global_normalisers  # noqa: E402
 from steptally.client.loss.terms import compute_terms  # noqa: E402
@@ -93,13 +95,13 @@ def test_ranks_combine_to_the_global_single_pass(name, seed):
         else:
             bound = errors_allowed[metric] + math.ulp(float(total))
             assert abs(Fraction(got) - total) <= Fraction(bound), metric
-    for mean in ("probs_ratio", "approx_entropy", "token_mult_prob_error"):
+    for mean in (D.PROBS_RATIO, D.APPROX_ENTROPY, D.TOKEN_MULT_PROB_ERROR):
         num = exact[f"{mean}_num"]
-        den = exact["actor_tokens" if mean != "token_mult_prob_error" else "mismatch_tokens"]
+        den = exact[F.ACTOR_TOKENS if mean != D.TOKEN_MULT_PROB_ERROR else F.MISMATCH_TOKENS]
         assert report[mean].value == pytest.approx(float(num / den), rel=1e-14)
-    assert report["valid_tokens"].value == flat[0].global_valid_tokens
-    assert report["valid_seqs"].value == flat[0].global_valid_seqs
-    assert report["loss"].value == pytest.approx(loss_sum, rel=1e-5)
+    assert report[F.VALID_TOKENS].value == flat[0].global_valid_tokens
+    assert report[F.VALID_SEQS].value == flat[0].global_valid_seqs
+    assert report[D.LOSS].value == pytest.approx(loss_sum, rel=1e-5)
 
 
 def test_extrema_are_the_global_extrema():
@@ -112,8 +114,8 @@ def test_extrema_are_the_global_extrema():
         t = compute_terms(config, b)
         values += t.ratios.ratio.detach()[t.masks.actor].double().tolist()
     report = combined.report()
-    assert report["probs_ratio_min"].value == min(values)
-    assert report["probs_ratio_max"].value == max(values)
+    assert report[F.PROBS_RATIO_MIN].value == min(values)
+    assert report[F.PROBS_RATIO_MAX].value == max(values)
 
 
 def test_mean_of_microbatch_means_differs_from_the_exact_mean():
@@ -122,8 +124,8 @@ def test_mean_of_microbatch_means_differs_from_the_exact_mean():
     frags = [
         fragments_to_host(ClippedPGLoss(config)(b)[1]) for rank in step_batches(4) for b in rank
     ]
-    means = [f["probs_ratio_num"] / f["actor_tokens"] for f in frags if f["actor_tokens"] > 0]
-    exact = math.fsum(f["probs_ratio_num"] for f in frags) / math.fsum(
-        f["actor_tokens"] for f in frags
+    means = [f[F.PROBS_RATIO_NUM] / f[F.ACTOR_TOKENS] for f in frags if f[F.ACTOR_TOKENS] > 0]
+    exact = math.fsum(f[F.PROBS_RATIO_NUM] for f in frags) / math.fsum(
+        f[F.ACTOR_TOKENS] for f in frags
     )
     assert abs(sum(means) / len(means) - exact) > 1e-6

@@ -15,6 +15,8 @@ from steptally.client.loss import (  # noqa: E402
     InputError,
     fragments_to_host,
 )
+from steptally.client.loss.names import Diagnostic as D  # noqa: E402
+from steptally.client.loss.names import Fragment as F  # noqa: E402
 from steptally.client.loss.spec import fragment_kinds  # noqa: E402
 from steptally.client.loss.synthetic import synthetic_microbatch  # noqa: E402
 
@@ -65,7 +67,7 @@ def test_every_setting_runs_and_matches_its_spec(name):
     host = fragments_to_host(frags)
     assert all(math.isfinite(v) for v in host.values())
     if config.truncated_importance_sampling_type is not None:
-        assert "is_oob_num" in host
+        assert F.IS_OOB_NUM in host
 
 
 def test_settings_change_the_values():
@@ -73,8 +75,8 @@ def test_settings_change_the_values():
     seen = {}
     for name, settings in SETTINGS.items():
         _, frags = ClippedPGLoss(ClippedPGConfig(**settings))(batch)
-        seen[name] = float(frags["actor_loss_num"])
-    base = float(ClippedPGLoss()(batch)[1]["actor_loss_num"])
+        seen[name] = float(frags[F.ACTOR_LOSS_NUM])
+    base = float(ClippedPGLoss()(batch)[1][F.ACTOR_LOSS_NUM])
     changed = {n for n, v in seen.items() if v != base}
     assert changed >= {
         "clip",
@@ -163,8 +165,8 @@ def test_missing_inputs_raise():
 
 def test_spec_loss_expression_uses_the_weights():
     spec = ClippedPGLoss(ClippedPGConfig(positive_example_nll_weight=0.25)).metric_spec()
-    assert spec.derived["loss"] == "actor_loss + 0.01 * kl_penalty + 0.25 * positive_nll_loss"
-    assert spec.derived["probs_ratio"] == "probs_ratio_num / actor_tokens"
+    assert spec.derived[D.LOSS] == "actor_loss + 0.01 * kl_penalty + 0.25 * positive_nll_loss"
+    assert spec.derived[D.PROBS_RATIO] == "probs_ratio_num / actor_tokens"
     gspo = ClippedPGLoss(ClippedPGConfig(**SETTINGS["gspo"])).metric_spec()
-    assert gspo.derived["sampling_importance_ratio"].endswith("/ valid_seqs")
-    assert gspo.derived["actor_loss"] == "actor_loss_num / valid_seqs"
+    assert gspo.derived[D.SAMPLING_IMPORTANCE_RATIO].endswith("/ valid_seqs")
+    assert gspo.derived[D.ACTOR_LOSS] == "actor_loss_num / valid_seqs"

@@ -15,6 +15,8 @@ from steptally.client.loss import (  # noqa: E402
     fragments_to_host,
     mask_out_neg_inf_logprobs,
 )
+from steptally.client.loss.names import Diagnostic as D  # noqa: E402
+from steptally.client.loss.names import Fragment as F  # noqa: E402
 
 pytestmark = pytest.mark.torch
 INF = float("inf")
@@ -65,12 +67,12 @@ def test_review_three_token_example_force_on_policy():
     batch = tiny([[-INF, -1.0, -2.0]], [[-3.0, -1.0, -2.0]], [[-5.0, -1.0, -2.0]])
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True)
     f = run(config, batch)
-    assert f["token_mult_prob_error_num"] == 2.0
-    assert f["mismatch_tokens"] == 2.0
-    assert f["valid_tokens"] == 3.0
-    assert f["filtered_curr_tokens"] == 1.0
-    assert f["sampling_importance_ratio_num"] == 2.0
-    assert f["probs_ratio_max"] == 1.0 and f["probs_ratio_min"] == 1.0
+    assert f[F.TOKEN_MULT_PROB_ERROR_NUM] == 2.0
+    assert f[F.MISMATCH_TOKENS] == 2.0
+    assert f[F.VALID_TOKENS] == 3.0
+    assert f[F.FILTERED_CURR_TOKENS] == 1.0
+    assert f[F.SAMPLING_IMPORTANCE_RATIO_NUM] == 2.0
+    assert f[F.PROBS_RATIO_MAX] == 1.0 and f[F.PROBS_RATIO_MIN] == 1.0
     old = (math.exp(5.0) + 2.0) / 3.0
     assert old == pytest.approx(50.14, abs=0.005)
 
@@ -84,22 +86,22 @@ def test_review_example_gspo_weight_is_not_e5():
         token_level_loss=False,
     )
     f = run(config, batch)
-    assert f["sampling_importance_ratio_num"] == 1.0  # not e^5 = 148.41
-    assert f["valid_seqs"] == 1.0
+    assert f[F.SAMPLING_IMPORTANCE_RATIO_NUM] == 1.0  # not e^5 = 148.41
+    assert f[F.VALID_SEQS] == 1.0
 
 
 def test_prev_side_neg_inf_narrows_instead_of_exp_curr():
     curr, prev, gen = [[-1.0, -1.5, -2.0]], [[-1.2, -INF, -2.1]], [[-1.2, -1.4, -2.1]]
     f = run(NO_KL, tiny(curr, prev, gen))
     r0, r2 = math.exp(0.2), math.exp(0.1)
-    assert f["actor_tokens"] == 2.0 and f["actor_positions"] == 2.0
-    assert f["filtered_prev_tokens"] == 1.0 and f["filtered_curr_tokens"] == 0.0
-    assert f["probs_ratio_num"] == pytest.approx(r0 + r2, rel=1e-6)
-    assert f["probs_ratio_min"] == pytest.approx(r2, rel=1e-6)  # exp(curr) = 0.22 is gone
-    assert f["probs_ratio_max"] == pytest.approx(r0, rel=1e-6)
-    assert f["mismatch_tokens"] == 2.0  # the mismatch narrows by the prev keep mask
-    assert f["token_mult_prob_error_num"] == pytest.approx(2.0, rel=1e-6)
-    assert f["valid_tokens"] == 3.0  # the normaliser keeps the full mask
+    assert f[F.ACTOR_TOKENS] == 2.0 and f[F.ACTOR_POSITIONS] == 2.0
+    assert f[F.FILTERED_PREV_TOKENS] == 1.0 and f[F.FILTERED_CURR_TOKENS] == 0.0
+    assert f[F.PROBS_RATIO_NUM] == pytest.approx(r0 + r2, rel=1e-6)
+    assert f[F.PROBS_RATIO_MIN] == pytest.approx(r2, rel=1e-6)  # exp(curr) = 0.22 is gone
+    assert f[F.PROBS_RATIO_MAX] == pytest.approx(r0, rel=1e-6)
+    assert f[F.MISMATCH_TOKENS] == 2.0  # the mismatch narrows by the prev keep mask
+    assert f[F.TOKEN_MULT_PROB_ERROR_NUM] == pytest.approx(2.0, rel=1e-6)
+    assert f[F.VALID_TOKENS] == 3.0  # the normaliser keeps the full mask
 
 
 def test_curr_side_neg_inf_narrows_actor_but_not_kl_or_mismatch():
@@ -108,11 +110,11 @@ def test_curr_side_neg_inf_narrows_actor_but_not_kl_or_mismatch():
     config = ClippedPGConfig(kl_input_clamp_value=None, kl_output_clamp_value=None)
     f = run(config, tiny(curr, prev, gen, ref=ref, unfiltered=unf))
     k3 = [math.exp(r - c) - 1 - (r - c) for r, c in zip(ref[0], unf[0], strict=True)]
-    assert f["kl_penalty_num"] == pytest.approx(sum(k3), rel=1e-6)  # includes position 0
-    assert f["actor_tokens"] == 2.0 and f["mismatch_tokens"] == 3.0
-    assert f["probs_ratio_max"] == pytest.approx(math.exp(0.1), rel=1e-6)  # not e^3
+    assert f[F.KL_PENALTY_NUM] == pytest.approx(sum(k3), rel=1e-6)  # includes position 0
+    assert f[F.ACTOR_TOKENS] == 2.0 and f[F.MISMATCH_TOKENS] == 3.0
+    assert f[F.PROBS_RATIO_MAX] == pytest.approx(math.exp(0.1), rel=1e-6)  # not e^3
     expected = math.exp(0.0) + math.exp(0.0) + math.exp(0.2)
-    assert f["token_mult_prob_error_num"] == pytest.approx(expected, rel=1e-6)
+    assert f[F.TOKEN_MULT_PROB_ERROR_NUM] == pytest.approx(expected, rel=1e-6)
 
 
 def test_token_level_loss_value_and_scale():
@@ -122,7 +124,7 @@ def test_token_level_loss_value_and_scale():
     r = [math.exp(0.5), math.exp(-0.5)]
     # A=+1: max(-r, -clamp(r)) = -1.2 ; A=-2: max(2r, 2·clamp) = 2·0.8 = 1.6
     terms = [max(-r[0], -min(r[0], 1.2)), max(2 * r[1], 2 * max(r[1], 0.8))]
-    assert float(frags["actor_loss_num"]) == pytest.approx(sum(terms), rel=1e-6)
+    assert float(frags[F.ACTOR_LOSS_NUM]) == pytest.approx(sum(terms), rel=1e-6)
     assert float(loss.detach()) == pytest.approx(sum(terms) / 2, rel=1e-6)
 
 
@@ -138,17 +140,17 @@ def test_gspo_sampling_ratio_is_right_for_many_sequences():
     )
     f = run(config, tiny(prev, prev, gen, sample=sample))
     w = [math.exp(0.1), math.exp(0.5 * 0.2), 1.0]
-    assert f["sampling_importance_ratio_num"] == pytest.approx(w[0] + 0.5 * w[1] + w[2], rel=1e-6)
-    assert f["valid_seqs"] == 2.5
+    assert f[F.SAMPLING_IMPORTANCE_RATIO_NUM] == pytest.approx(w[0] + 0.5 * w[1] + w[2], rel=1e-6)
+    assert f[F.VALID_SEQS] == 2.5
 
 
 def test_empty_actor_mask_omits_extrema_and_keeps_counts():
     batch = tiny([[-INF, -INF]], [[-1.0, -1.0]], [[-1.0, -1.0]])
     loss, frags = ClippedPGLoss(NO_KL)(batch)
     host = fragments_to_host(frags)
-    assert host["actor_positions"] == 0.0 and host["filtered_curr_tokens"] == 2.0
+    assert host[F.ACTOR_POSITIONS] == 0.0 and host[F.FILTERED_CURR_TOKENS] == 2.0
     assert not any(name.endswith(("_min", "_max")) for name in host)
-    assert float(frags["probs_ratio_min"]) == INF  # the device value is the neutral one
+    assert float(frags[F.PROBS_RATIO_MIN]) == INF  # the device value is the neutral one
     assert float(loss.detach()) == 0.0
 
 
@@ -157,7 +159,7 @@ def test_sequence_level_loss_divides_by_original_token_count():
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, token_level_loss=False)
     loss, f = ClippedPGLoss(config)(tiny(curr, prev, prev, adv=[[1.0] * 4]))
     # three retained tokens of ratio 1 contribute -1 each; the row keeps its 4 tokens
-    assert float(f["actor_loss_num"]) == -0.75
+    assert float(f[F.ACTOR_LOSS_NUM]) == -0.75
     assert float(loss.detach()) == -0.75
 
 
@@ -176,10 +178,10 @@ def test_the_spec_guards_make_raw_device_values_safe_to_send():
         raw.add({name: float(t) for name, t in frags.items()})
         filtered.add(fragments_to_host(frags))
     assert raw.report() == filtered.report()
-    only_full = fragments_to_host(loss_fn(full)[1])["probs_ratio_min"]
-    assert raw.report()["probs_ratio_min"].value == only_full
+    only_full = fragments_to_host(loss_fn(full)[1])[F.PROBS_RATIO_MIN]
+    assert raw.report()[F.PROBS_RATIO_MIN].value == only_full
     assert math.isfinite(only_full)
-    assert loss_fn.metric_spec().guards["probs_ratio_max"] == "actor_positions"
+    assert loss_fn.metric_spec().guards[F.PROBS_RATIO_MAX] == F.ACTOR_POSITIONS
 
 
 def test_js_divergence_is_the_seeds_half_sum_from_p_minus_m():
@@ -190,8 +192,8 @@ def test_js_divergence_is_the_seeds_half_sum_from_p_minus_m():
     prev = torch.tensor([[math.log(0.2)]], dtype=torch.float64)
     gen = torch.tensor([[math.log(0.6)]], dtype=torch.float64)
     mask = torch.tensor([[True]])
-    js = mismatch_values(prev, gen, mask, "k3")["js_divergence_error"]
+    js = mismatch_values(prev, gen, mask, "k3")[D.JS_DIVERGENCE_ERROR]
     assert js.item() == pytest.approx(0.5 * math.log(4 / 3), rel=1e-14, abs=0)
     f = run(NO_KL, tiny([[-1.0]], [[math.log(0.2)]], [[math.log(0.6)]]))
-    assert f["js_divergence_error_num"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
-    assert f["js_divergence_error_num"] != pytest.approx(1 / 3 - 0.5 * math.log(4 / 3), rel=0.1)
+    assert f[F.JS_DIVERGENCE_ERROR_NUM] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    assert f[F.JS_DIVERGENCE_ERROR_NUM] != pytest.approx(1 / 3 - 0.5 * math.log(4 / 3), rel=0.1)

@@ -27,6 +27,8 @@ def test_loss_api_is_pinned():
             "ClippedPGConfig",
             "ClippedPGLoss",
             "ConfigError",
+            "Diagnostic",
+            "Fragment",
             "InputError",
             "LossError",
             "LossInputs",

@@ -23,6 +23,8 @@ from steptally.client.loss import (  # noqa: E402
     terms,
 )
 from steptally.client.loss.masks import mask_out_neg_inf_logprobs  # noqa: E402
+from steptally.client.loss.names import Diagnostic as D  # noqa: E402
+from steptally.client.loss.names import Fragment as F  # noqa: E402
 from steptally.client.loss.spec import metric_spec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -54,11 +56,11 @@ def _curr_filtered(make: LossFactory) -> list[str]:
     f = fragments_to_host(make(config)(b)[1])
     kl = sum(math.exp(r - c) - 1 - (r - c) for r, c in zip(ref[0], unf[0], strict=True))
     problems = []
-    if f["actor_tokens"] != 2.0 or f["probs_ratio_max"] > 1.2:
+    if f[F.ACTOR_TOKENS] != 2.0 or f[F.PROBS_RATIO_MAX] > 1.2:
         problems.append("curr -inf reaches the actor reductions")
-    if f["valid_tokens"] != 3.0 or f["kl_penalty_num"] != pytest.approx(kl, rel=1e-6):
+    if f[F.VALID_TOKENS] != 3.0 or f[F.KL_PENALTY_NUM] != pytest.approx(kl, rel=1e-6):
         problems.append("the reference KL is narrowed by the keep mask")
-    if f["mismatch_tokens"] != 3.0:
+    if f[F.MISMATCH_TOKENS] != 3.0:
         problems.append("the mismatch diagnostics are narrowed by the current keep mask")
     return problems
 
@@ -67,9 +69,9 @@ def _prev_filtered(make: LossFactory) -> list[str]:
     b = batch([[-1.0, -1.5, -2.0]], [[-1.2, -INF, -2.1]], [[-1.2, -1.4, -2.1]])
     f = fragments_to_host(make(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1])
     problems = []
-    if f["actor_tokens"] != 2.0 or f["probs_ratio_min"] < 1.0:
+    if f[F.ACTOR_TOKENS] != 2.0 or f[F.PROBS_RATIO_MIN] < 1.0:
         problems.append("prev -inf makes an exp(curr) ratio")
-    if f["mismatch_tokens"] != 2.0:
+    if f[F.MISMATCH_TOKENS] != 2.0:
         problems.append("prev -inf reaches the mismatch diagnostics")
     return problems
 
@@ -78,7 +80,7 @@ def _force_on_policy(make: LossFactory) -> list[str]:
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True)
     b = batch([[-INF, -1.0, -2.0]], [[-3.0, -1.0, -2.0]], [[-5.0, -1.0, -2.0]])
     f = fragments_to_host(make(config)(b)[1])
-    error = f["token_mult_prob_error_num"] / f["mismatch_tokens"]
+    error = f[F.TOKEN_MULT_PROB_ERROR_NUM] / f[F.MISMATCH_TOKENS]
     return [] if error == 1.0 else [f"token_mult_prob_error reads {error:.2f}, not 1"]
 
 
@@ -90,7 +92,7 @@ def _uneven_microbatches(make: LossFactory) -> list[str]:
     for b in (big, small):
         acc.add(fragments_to_host(make(config)(b)[1]))
     ratios = [float(torch.tensor(0.5).exp())] * 6 + [float(torch.tensor(-0.5).exp())]
-    value = acc.report()["probs_ratio"].value
+    value = acc.report()[D.PROBS_RATIO].value
     expected = math.fsum(ratios) / 7
     return (
         []
@@ -151,7 +153,7 @@ def _means_per_microbatch(monkeypatch) -> LossFactory:
                 num, _, den = expr.partition(" / ")
                 if num.endswith("_num") and den in frags:
                     out[num] = frags[num] / frags[den]
-            for name in ("actor_tokens", "mismatch_tokens", "valid_tokens", "valid_seqs"):
+            for name in (F.ACTOR_TOKENS, F.MISMATCH_TOKENS, F.VALID_TOKENS, F.VALID_SEQS):
                 out[name] = torch.ones_like(frags[name])
             return value, out
 
@@ -187,7 +189,7 @@ def test_keep_ignored_reproduces_the_old_50_14(monkeypatch):
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True)
     b = batch([[-INF, -1.0, -2.0]], [[-3.0, -1.0, -2.0]], [[-5.0, -1.0, -2.0]])
     f = fragments_to_host(make(config)(b)[1])
-    old = f["token_mult_prob_error_num"] / f["mismatch_tokens"]
+    old = f[F.TOKEN_MULT_PROB_ERROR_NUM] / f[F.MISMATCH_TOKENS]
     assert old == pytest.approx(50.14, abs=0.005)
 
 
@@ -195,7 +197,7 @@ def test_unmutated_loss_is_unchanged_after_mutation_tests():
     b = replace(batch([[-1.0]], [[-1.0]], [[-1.0]]), global_valid_tokens=1.0)
     assert (
         fragments_to_host(ClippedPGLoss(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1])[
-            "probs_ratio_num"
+            F.PROBS_RATIO_NUM
         ]
         == 1.0
     )
