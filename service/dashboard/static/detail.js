@@ -74,15 +74,14 @@ export class StepDetail {
       const m = s.metrics[name];
       return el(
         "tr", { dataset: { metric: name } },
-        el("td", { class: "mono" }, name),
-        el("td", { class: "muted" }, m.kind ?? "–"),
+        el("td", { class: "mono", title: `${name} (${m.kind ?? "no value"})` }, name, el("span", { class: "kind" }, m.kind ?? "")),
         el("td", { class: "value", title: m.reason ?? "" }, exact(m.value)),
-        el("td", { class: "num muted", title: "fragments with a value · non-finite" }, `${m.values}${m.non_finite ? ` · ${m.non_finite} nf` : ""}`),
+        el("td", { class: "num muted", title: "fragments with a value · non-finite" }, m.kind === "derived" ? "" : `${m.values}${m.non_finite ? ` · ${m.non_finite} nf` : ""}`),
       );
     });
     return el(
       "table", { class: "grid", id: "detail-values" },
-      el("thead", {}, el("tr", {}, el("th", {}, "metric"), el("th", {}, "kind"), el("th", { class: "num" }, "value"), el("th", { class: "num" }, "n"))),
+      el("thead", {}, el("tr", {}, el("th", {}, "metric"), el("th", { class: "num" }, "value"), el("th", { class: "num" }, "n"))),
       el("tbody", {}, rows),
     );
   }
