@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api import errors, fragments, health, metrics, runs, steps
+from steptally.service.api import errors, events, fragments, health, metrics, runs, steps
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
@@ -65,6 +65,7 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            service.events.close()
             store.close()
 
     app = FastAPI(title="Steptally", version="1", lifespan=lifespan)
@@ -75,7 +76,7 @@ def create_app(
     app.state.service = service
     errors.install(app)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
-    for module in (runs, fragments, steps, health, metrics):
+    for module in (runs, fragments, steps, events, health, metrics):
         app.include_router(module.router)
     dashboard.install(app)
     return app

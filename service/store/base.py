@@ -45,10 +45,15 @@ class RunSummary:
 
 @dataclass(frozen=True, slots=True)
 class FinalisedStep:
+    """A finalisation; ``run_record`` and ``record`` are the run and the step as
+    finalised (what an event shows without reading the step back)."""
+
     run: str
     step: int
     status: StepStatus
     revision: int
+    run_record: RunRecord | None = field(default=None, compare=False, repr=False)
+    record: StepRecord | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,12 @@ class Store(Protocol):
     ) -> SeriesRows:
         """Column ``col``'s finalised values from ``start`` to ``end`` (inclusive), all
         of them or, past ``points`` steps, downsampled (see :mod:`.sql_series`)."""
+        ...
+
+    def finalised_since(
+        self, run: RunRecord, after: tuple[float, int], limit: int
+    ) -> list[StepRecord]:
+        """Finalised steps in ``(finalised_at, step)`` order, after ``after``."""
         ...
 
     def exposition_snapshot(self) -> list[RunSnapshot]: ...

@@ -202,6 +202,12 @@ class SqlStore:
         with transaction(self.engine, write=False) as conn:
             return read_series(conn, run.id, col, start, end, points)
 
+    def finalised_since(
+        self, run: RunRecord, after: tuple[float, int], limit: int
+    ) -> list[StepRecord]:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.finalised_since(conn, run, after, limit)
+
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:
             return sql_query.snapshot(conn, load_runs(conn))

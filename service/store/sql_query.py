@@ -47,6 +47,20 @@ def list_steps(
     return [_record(conn, run, row, live) for row in rows]
 
 
+def finalised_since(
+    conn: Connection, run: RunRecord, after: tuple[float, int], limit: int
+) -> list[StepRecord]:
+    c = STEPS.c
+    stmt = (
+        select(STEPS)
+        .where(c.run_id == run.id, c.finalised_at.is_not(None))
+        .where(tuple_(c.finalised_at, c.step) > tuple_(*after))
+        .order_by(c.finalised_at, c.step)
+        .limit(limit)
+    )
+    return [_record(conn, run, row, False) for row in conn.execute(stmt)]
+
+
 def _status_counts(conn: Connection) -> dict[int, dict[str, tuple[int, int, int | None]]]:
     """Per run and status: number of steps, missing ranks summed, highest step."""
     c = STEPS.c

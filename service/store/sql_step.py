@@ -19,7 +19,7 @@ from steptally.service.domain import finalise
 from steptally.service.domain.cells import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
-from steptally.service.store.base import FinalisedStep
+from steptally.service.store.base import FinalisedStep, StepRecord
 from steptally.service.store.sql_statement import (
     COMMITS,
     FRAGMENTS,
@@ -166,4 +166,5 @@ def finalise_row(
     row.missing_ranks = len(result.ranks_missing)
     row.values = finalise.stored_values(run, result)
     row.changed = True
-    return FinalisedStep(run.name, row.step, status, row.revision)
+    record = StepRecord(row.step, status, row.revision, row.first_seen_at, now, result)
+    return FinalisedStep(run.name, row.step, status, row.revision, run, record)

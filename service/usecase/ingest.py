@@ -16,7 +16,7 @@ from steptally.client.wire import WireError, decode_batch
 from steptally.service.domain.batch import PreparedBatch, prepare
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import BadJson, InvalidPayload, UnknownMetric
-from steptally.service.store.base import IngestOutcome, Store
+from steptally.service.store.base import FinalisedStep, IngestOutcome, Store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.run_registry import RunDirectory
 
@@ -25,12 +25,18 @@ class Ingest:
     """``POST /v1/runs/{run}/fragments`` without the HTTP."""
 
     def __init__(
-        self, store: Store, runs: RunDirectory, telemetry: Telemetry, clock: Callable[[], float]
+        self,
+        store: Store,
+        runs: RunDirectory,
+        telemetry: Telemetry,
+        clock: Callable[[], float],
+        published: Callable[[list[FinalisedStep]], None] = lambda _: None,
     ) -> None:
         self._store = store
         self._runs = runs
         self._telemetry = telemetry
         self._clock = clock
+        self._published = published  # told of the steps a committed batch finalised
 
     def __call__(self, run_name: str, body: bytes, arrived: float | None = None) -> dict[str, Any]:
         """Store the batch in ``body``; ``arrived`` is the request's ``perf_counter``."""
@@ -39,6 +45,8 @@ class Ingest:
         batch = _prepare(self._runs, run, parse(body))
         outcome = self._store.ingest(run, batch, self._clock())
         self._telemetry.batch_stored(run.name, outcome, time.perf_counter() - arrived)
+        if outcome.finalised:
+            self._published(outcome.finalised)
         return answer(outcome)
 
 

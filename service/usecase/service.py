@@ -6,9 +6,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from steptally.service.store.base import FinalisedStep, Store
+from steptally.service.domain.run import RunRecord
+from steptally.service.store.base import FinalisedStep, StepRecord, Store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase import query
+from steptally.service.usecase.events import EventCursor, EventHub, StepEvent
 from steptally.service.usecase.ingest import Ingest
 from steptally.service.usecase.run_registry import RunDirectory, RunRequest, register
 
@@ -28,7 +30,8 @@ class Service:
         self.clock = clock
         self.default_step_timeout_s = default_step_timeout_s
         self.runs = RunDirectory(store)
-        self.ingest = Ingest(store, self.runs, telemetry, clock)
+        self.events = EventHub()
+        self.ingest = Ingest(store, self.runs, telemetry, clock, self._published)
 
     def register_run(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
         run, created = register(
@@ -79,4 +82,33 @@ class Service:
         started = time.perf_counter()
         done = self.store.sweep(self.clock() if now is None else now)
         self.telemetry.steps_done(done, time.perf_counter() - started)
+        self._published(done)
         return done
+
+    def open_events(self, run: str, last_event_id: str | None, where: str) -> OpenedEvents:
+        """The run and the cursor to replay after (None: live only); raises 404 / 422."""
+        record = self.runs.get(run, refresh=True)
+        after = None if last_event_id is None else EventCursor.decode(last_event_id, where)
+        return record, after
+
+    def replay(self, run: RunRecord, after: EventCursor, limit: int) -> list[StepEvent]:
+        records = self.store.finalised_since(run, after.place(), limit)
+        return [_event(run, r) for r in records]
+
+    def _published(self, finalised: Sequence[FinalisedStep]) -> None:
+        """Hand the committed finalisations to the event streams listening."""
+        by_run: dict[str, list[StepEvent]] = {}
+        for f in finalised:
+            if f.run_record is not None and f.record is not None and self.events.wants(f.run):
+                by_run.setdefault(f.run, []).append(_event(f.run_record, f.record))
+        for run, events in by_run.items():
+            self.events.publish(run, events)
+
+
+OpenedEvents = tuple[RunRecord, EventCursor | None]
+
+
+def _event(run: RunRecord, record: StepRecord) -> StepEvent:
+    assert record.finalised_at is not None
+    cursor = EventCursor(record.finalised_at, record.step, record.revision)
+    return StepEvent(cursor, query.step_json(run, record))

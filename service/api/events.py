@@ -1,0 +1,79 @@
+"""``GET /v1/runs/{run}/events``: finalisations as server-sent events.
+
+Each event is ``event: step``, ``id: <cursor>``, ``data: <the step object>``; a
+``Last-Event-ID`` header (or ``?last_event_id=``) replays what came after it, then
+the stream goes on live. The run and the cursor are checked before the stream
+starts, so a bad request is an ordinary JSON error. The first thing sent is the
+comment ``: live``: from then on no finalisation is missed. Comments keep the connection
+alive every ``PING_S`` seconds. When the server begins to shut down, sse-starlette
+tells the stream, which ends cleanly (its last chunk sent, so uvicorn never waits on
+it); the hub ends any stream still open when the app stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import anyio
+import orjson
+from fastapi import APIRouter, Header, Query
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from steptally.service.api.deps import ServiceDep
+from steptally.service.domain.run import RunRecord
+from steptally.service.usecase.events import EventCursor, step_events
+from steptally.service.usecase.service import Service
+
+router = APIRouter(prefix="/v1/runs", tags=["events"])
+
+PING_S = 15
+SHUTDOWN_GRACE_S = 2.0  # for a replay in progress to reach a clean end
+
+
+async def _sse(
+    service: Service, run: RunRecord, after: EventCursor | None, shutdown: anyio.Event
+) -> AsyncIterator[ServerSentEvent]:
+    """Subscribe, say so in a comment (the stream is live from here), then the events;
+    the stream ends (completely sent) when the server begins to shut down."""
+    sub = service.events.subscribe(run.name)
+
+    async def end_on_shutdown() -> None:
+        await shutdown.wait()
+        sub.end()
+
+    watcher = asyncio.create_task(end_on_shutdown())
+    try:
+        yield ServerSentEvent(comment="live")
+        async for event in step_events(service, run, after, sub):
+            data = orjson.dumps(event.step, option=orjson.OPT_NON_STR_KEYS).decode()
+            yield ServerSentEvent(data=data, event="step", id=event.cursor.encode())
+    finally:
+        watcher.cancel()
+        sub.close()
+
+
+@router.get(
+    "/{run}/events",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "step events"}},
+)
+async def run_events(
+    run: str,
+    service: ServiceDep,
+    last_event_id: Annotated[str | None, Query()] = None,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    text, where = last_event_id_header, "Last-Event-ID"
+    if text is None:
+        text, where = last_event_id, "query.last_event_id"
+    record, after = await run_in_threadpool(service.open_events, run, text, where)
+    shutdown = anyio.Event()
+    return EventSourceResponse(
+        _sse(service, record, after, shutdown),
+        ping=PING_S,
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    )

@@ -1,0 +1,181 @@
+"""Finalisation events: an in-process hub from the finalising threads to event streams.
+
+The :class:`~steptally.service.usecase.service.Service` publishes one
+:class:`StepEvent` per finalisation (each step and each revision) once its
+transaction has committed, from whatever thread ingested or swept; each open stream
+holds a :class:`Subscription`, an asyncio queue on the stream's event loop, fed
+through ``call_soon_threadsafe``. A stream whose client falls more than
+``MAX_QUEUED`` events behind is ended (``lost``), so a slow client never holds
+memory unbounded: it reconnects with its last event id and replays from the database.
+
+An :class:`EventCursor` orders finalisations by ``(finalised_at, step)``: a step
+finalised again gets a new ``finalised_at`` and so a later place. The hub knows only
+this process's finalisations; :func:`step_events` replays from the database first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.concurrency import run_in_threadpool
+
+from steptally.service.domain.run import RunRecord
+from steptally.service.errors import InvalidPayload
+
+MAX_QUEUED = 10_000
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class EventCursor:
+    """Where a finalisation stands in the order of events; opaque to clients."""
+
+    finalised_at: float
+    step: int
+    revision: int
+
+    def encode(self) -> str:
+        return f"{self.finalised_at!r}:{self.step}:{self.revision}"
+
+    @classmethod
+    def decode(cls, text: str, where: str) -> EventCursor:
+        try:
+            at, step, revision = text.split(":")
+            cursor = cls(float(at), int(step), int(revision))
+        except ValueError:
+            cursor = None
+        if cursor is None or not (cursor.finalised_at >= 0 and cursor.step >= 0):
+            raise InvalidPayload(
+                f"{text!r} is not an event id of this stream; reconnect without one", where
+            )
+        return cursor
+
+    def place(self) -> tuple[float, int]:
+        """The key that orders events (the revision only tells them apart)."""
+        return self.finalised_at, self.step
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    cursor: EventCursor
+    step: dict[str, Any]  # the step object, as GET /v1/runs/{run}/steps/{step}
+
+
+class Subscription:
+    """One stream's queue of events of one run; ``None`` from :meth:`next` ends it."""
+
+    def __init__(self, hub: EventHub, run: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.run = run
+        self.lost = False  # the client fell too far behind: end the stream
+        self._hub = hub
+        self._loop = loop
+        self._queue: asyncio.Queue[StepEvent | None] = asyncio.Queue()
+
+    async def next(self) -> StepEvent | None:
+        if self.lost:
+            return None
+        return await self._queue.get()
+
+    def close(self) -> None:
+        self._hub.unsubscribe(self)
+
+    def end(self) -> None:
+        """End the stream, from its own event loop."""
+        self._queue.put_nowait(None)
+
+    def deliver(self, event: StepEvent | None) -> None:
+        """Queue ``event`` from any thread (None: the hub is closing)."""
+        with contextlib.suppress(RuntimeError):  # the loop has already closed
+            self._loop.call_soon_threadsafe(self._put, event)
+
+    def _put(self, event: StepEvent | None) -> None:
+        if event is not None and self._queue.qsize() >= MAX_QUEUED:
+            self.lost = True
+            event = None
+        self._queue.put_nowait(event)
+
+
+class EventHub:
+    """Subscriptions by run name; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[str, set[Subscription]] = {}
+        self._closed = False
+
+    def subscribe(self, run: str) -> Subscription:
+        """A new subscription to ``run``, delivering on the running event loop."""
+        sub = Subscription(self, run, asyncio.get_running_loop())
+        with self._lock:
+            if self._closed:
+                sub.deliver(None)
+            else:
+                self._subs.setdefault(run, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.run)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.run]
+
+    def wants(self, run: str) -> bool:
+        """Whether anyone listens to ``run`` (so an event is worth building)."""
+        return run in self._subs
+
+    def publish(self, run: str, events: list[StepEvent]) -> None:
+        with self._lock:
+            subs = list(self._subs.get(run, ()))
+        for sub in subs:
+            for event in events:
+                sub.deliver(event)
+
+    def close(self) -> None:
+        """End every stream (the app is shutting down)."""
+        with self._lock:
+            self._closed = True
+            subs = [s for group in self._subs.values() for s in group]
+            self._subs.clear()
+        for sub in subs:
+            sub.deliver(None)
+
+
+REPLAY_PAGE = 500
+_RACE_S = 60.0  # a transaction in flight at subscription finalised at most this long before
+
+
+class EventSource(Protocol):
+    """What a stream needs of the service: the hub, replay pages and a clock."""
+
+    events: EventHub
+    clock: Callable[[], float]
+
+    def replay(self, run: RunRecord, after: EventCursor, limit: int) -> list[StepEvent]: ...
+
+
+async def step_events(
+    source: EventSource, run: RunRecord, after: EventCursor | None, sub: Subscription
+) -> AsyncIterator[StepEvent]:
+    """Every finalisation after ``after`` from the database, then the live ones that
+    ``sub`` (subscribed before this starts) receives, each once (``after`` None: live
+    only); ends when the hub closes or the client fell too far behind."""
+    since = source.clock() - _RACE_S
+    replayed: set[tuple[int, int]] = set()
+    while after is not None:
+        page = await run_in_threadpool(source.replay, run, after, REPLAY_PAGE)
+        for event in page:
+            if event.cursor.finalised_at >= since:
+                replayed.add((event.cursor.step, event.cursor.revision))
+            yield event
+        if len(page) < REPLAY_PAGE:
+            break
+        after = page[-1].cursor
+    while (live := await sub.next()) is not None:
+        if (live.cursor.step, live.cursor.revision) not in replayed:
+            yield live
