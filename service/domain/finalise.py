@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -32,6 +32,7 @@ class StepResult:
     missing_fragments: dict[int, int]
     received: int
     expected: int | None
+    ranks_late: list[int] = field(default_factory=list)  # committed after a partial finalisation
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +43,7 @@ class StepResult:
             "missing_fragments": {str(r): n for r, n in self.missing_fragments.items()},
             "received": self.received,
             "expected": self.expected,
+            "ranks_late": self.ranks_late,
         }
 
     @classmethod
@@ -54,6 +56,7 @@ class StepResult:
             {int(r): int(n) for r, n in data["missing_fragments"].items()},
             int(data["received"]),
             data["expected"],
+            list(data.get("ranks_late", ())),
         )
 
 
@@ -124,6 +127,15 @@ def stored_values(run: RunRecord, result: StepResult) -> list[StoredValue]:
         else:
             out.append((col, float(value), ValueState.NUMBER.value))
     return out
+
+
+def with_late_ranks(result: StepResult, previous: StepResult | None) -> StepResult:
+    """``result`` of a re-finalisation after ``previous`` (a partial one, or None), with
+    the ranks that committed since the step was first finalised partial."""
+    if previous is None:
+        return result
+    late = set(previous.ranks_late) | (set(result.ranks_committed) - set(previous.ranks_committed))
+    return replace(result, ranks_late=sorted(late))
 
 
 def final_status(progress: Progress) -> StepStatus:

@@ -4,7 +4,8 @@ Downsampling splits the range's steps into ``points // 2`` equal buckets of step
 numbers and keeps, in each bucket, the step with the smallest and the step with the
 largest finite value (the earliest such step on ties): one ``GROUP BY`` finds each
 bucket's extremes and its first and last step, then a short range read inside the
-bucket finds the steps that hold them. Every step that a plot must never lose is
+bucket finds the steps that hold them (PostgreSQL does both in the one ``GROUP BY``,
+over arrays). Every step that a plot must never lose is
 kept besides: each partial or revised step and each NaN, infinite or undefined value
 (partial indexes find both without a scan). Only the kept rows leave the database;
 the kept steps come back once to select them with their status and revision.
@@ -32,21 +33,40 @@ def read_series(
 ) -> SeriesRows:
     """The series of column ``col``; downsampled when it holds more than ``points`` steps."""
     in_range = _in_range(run_id, col, start, end)
-    total, lo, hi = conn.execute(
-        select(func.count(), func.min(SV.step), func.max(SV.step)).where(*in_range)
+    lo, hi = conn.execute(
+        select(  # two index seeks
+            select(func.min(SV.step)).where(*in_range).scalar_subquery(),
+            select(func.max(SV.step)).where(*in_range).scalar_subquery(),
+        )
     ).one()
-    if points is not None and total > points:
-        buckets = max(1, points // 2)
-        params = {"run": run_id, "col": col, "lo": lo, "hi": hi, "buckets": buckets}
-        rows = conn.execute(_DOWNSAMPLED, {**params, "span": hi - lo + 1}).all()
-        return _rows(rows, total, True)
+    if lo is None:
+        return _rows([], 0, False)
+    if points is not None and hi - lo + 1 > points:
+        params = {"run": run_id, "col": col, "lo": lo, "hi": hi, "buckets": max(1, points // 2)}
+        rows, total = _downsampled(conn, {**params, "span": hi - lo + 1}, in_range)
+        if total > points:
+            return _rows(rows, total, True)
     stmt = (
         select(SV.step, SV.value, SV.state, STEPS.c.status, STEPS.c.revision)
         .join(STEPS, and_(STEPS.c.run_id == SV.run_id, STEPS.c.step == SV.step))
         .where(*in_range)
         .order_by(SV.step)
     )
-    return _rows(conn.execute(stmt).all(), total, False)
+    rows = conn.execute(stmt).all()
+    return _rows(rows, len(rows), False)
+
+
+def _downsampled(
+    conn: Connection, params: dict[str, Any], in_range: list[Any]
+) -> tuple[Sequence[Any], int]:
+    """The kept rows and the number of finalised steps in the range."""
+    if conn.dialect.name != "postgresql":
+        total = conn.execute(select(func.count()).where(*in_range)).scalar_one()
+        return conn.execute(_DOWNSAMPLED, params).all(), total
+    for setting in _PG_SETTINGS:  # until the end of this read's transaction
+        conn.exec_driver_sql(setting)
+    rows = conn.execute(_DOWNSAMPLED_PG, params).all()
+    return rows, int(rows[0].total) if rows else 0
 
 
 def _rows(rows: Sequence[Any], total: int, downsampled: bool) -> SeriesRows:
@@ -79,7 +99,8 @@ _DOWNSAMPLED = text(f"""
 WITH extremes AS (
   SELECT min(step) AS first, max(step) AS last, min(value) AS low, max(value) AS high
   FROM step_values WHERE {_RANGE} AND NOT {ODD}
-  GROUP BY (step - :lo) * :buckets / :span),
+  GROUP BY (step - :lo) * :buckets / :span
+  LIMIT :buckets),  -- never fewer: the LIMIT tells PostgreSQL's planner how many
 kept AS (
   SELECT {_AT.format("low")}
   UNION SELECT {_AT.format("high")}
@@ -88,5 +109,37 @@ kept AS (
 SELECT sv.step, sv.value, sv.state, st.status, st.revision
 FROM step_values sv JOIN steps st ON st.run_id = sv.run_id AND st.step = sv.step
 WHERE sv.run_id = :run AND sv.col = :col AND sv.step IN (SELECT * FROM kept)
+ORDER BY sv.step
+""")
+
+# the planner cannot know the buckets are few: without room for a hash table it
+# sorts the whole range; parallel workers only add start-up time to a short scan; and
+# a merge join would read the whole range again to join the kept steps
+_PG_SETTINGS = (
+    "SET LOCAL work_mem = '64MB'",
+    "SET LOCAL max_parallel_workers_per_gather = 0",
+    "SET LOCAL enable_mergejoin = off",
+)
+
+# PostgreSQL finds each bucket's extreme and its step in one pass: the least array
+# [value, step] is the least value at its earliest step, the greatest [value, -step]
+# the greatest value at its earliest step (steps are exact in float64 below 2**53)
+_DOWNSAMPLED_PG = text(f"""
+WITH extremes AS (
+  SELECT min(ARRAY[value, step::float8]) AS low, max(ARRAY[value, -step::float8]) AS high,
+         count(*) AS n
+  FROM step_values WHERE {_RANGE} AND NOT {ODD}
+  GROUP BY (step - :lo) * :buckets / :span
+  LIMIT :buckets),
+odd AS (SELECT step FROM step_values WHERE {_RANGE} AND {ODD}),
+kept AS (
+  SELECT low[2]::bigint AS step FROM extremes
+  UNION SELECT (-high[2])::bigint FROM extremes
+  UNION SELECT step FROM odd
+  UNION SELECT step FROM steps WHERE run_id = :run AND step BETWEEN :lo AND :hi AND {REVISED})
+SELECT sv.step, sv.value, sv.state, st.status, st.revision,
+       (SELECT sum(n) FROM extremes) + (SELECT count(*) FROM odd) AS total
+FROM kept JOIN step_values sv ON sv.run_id = :run AND sv.col = :col AND sv.step = kept.step
+JOIN steps st ON st.run_id = :run AND st.step = kept.step
 ORDER BY sv.step
 """)

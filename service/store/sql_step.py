@@ -158,7 +158,10 @@ def finalise_row(
     """Finalise a locked step as ``status`` (None: complete if it is, else partial)."""
     progress, cells = load_live(conn, run, row.step)
     status = status or finalise.final_status(progress)
-    result = finalise.evaluate(run, progress, cells, status)
+    previous = None
+    if row.status is StepStatus.PARTIAL and row.result is not None:
+        previous = finalise.StepResult.from_json(orjson.loads(row.result))
+    result = finalise.with_late_ranks(finalise.evaluate(run, progress, cells, status), previous)
     row.status = status
     row.revision += 1
     row.finalised_at = now

@@ -81,6 +81,7 @@ def step_json(
         "world_size": run.world_size,
         "ranks_committed": result.ranks_committed,
         "ranks_missing": result.ranks_missing,
+        "ranks_late": result.ranks_late,
         "fragments": {"received": result.received, "expected": result.expected},
         "missing_fragments": {str(r): n for r, n in result.missing_fragments.items()},
         "metrics": shown,

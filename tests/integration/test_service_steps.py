@@ -168,3 +168,23 @@ def test_every_ordering_of_two_ranks(api: Api) -> None:
         assert body["finalised"] == [{"step": 0, "status": "complete", "revision": 1}]
         exact = sum(Fraction(0.1 * k) for k in (1, 2, 2))
         assert api.value(0, "a", run) == float(exact)
+
+
+def test_ranks_late_names_ranks_committed_after_a_partial_finalisation(
+    api: Api, app: Any, clock: Any
+) -> None:
+    api.register(world_size=3, step_timeout_s=10)
+    api.send([(0, 0, 0, {"a": 1.0, "n": 1})], [(0, 0, 1)])
+    api.send([(1, r, 0, {"a": 1.0, "n": 1}) for r in range(3)], [(1, r, 1) for r in range(3)])
+    assert api.step(0)["ranks_late"] == []  # open
+    clock.now += 10
+    app.state.service.sweep()
+    assert (api.step(0)["status"], api.step(0)["ranks_late"]) == ("partial", [])
+    api.send([(0, 1, 0, {"a": 2.0, "n": 1})])  # a late fragment, not yet a commit
+    assert (api.step(0)["revision"], api.step(0)["ranks_late"]) == (2, [])
+    api.send([], [(0, 1, 1)])
+    assert (api.step(0)["revision"], api.step(0)["ranks_late"]) == (3, [1])
+    api.send([(0, 2, 0, {"a": 4.0, "n": 1})], [(0, 2, 1)])
+    step = api.step(0)
+    assert (step["status"], step["revision"], step["ranks_late"]) == ("complete", 4, [1, 2])
+    assert api.step(1)["ranks_late"] == []  # complete on time
