@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from playwright.sync_api import Page
 
 # the columns of a chart's uPlot data: x, the run's line, partial and revised markers,
@@ -22,3 +24,11 @@ def column(page: Page, metric: str, index: int) -> list[float | None]:
     script = "([m, k]) => steptally.charts.get(m).uplot.data[k].map((v) => v ?? null)"
     values: list[float | None] = page.evaluate(script, [metric, index])
     return values
+
+
+def wait_for_marked(page: Page, metric: str, column: int, steps: list[int]) -> None:
+    """Wait until exactly ``steps`` carry a value in ``column`` (live redraws are per frame)."""
+    script = "([m, k, want]) => { const c = steptally.charts.get(m); const d = c.uplot?.data;"
+    script += " if (!d) return false;"
+    script += " return JSON.stringify(d[0].filter((_, i) => d[k][i] != null)) === want; }"
+    page.wait_for_function(script, arg=[metric, column, json.dumps(steps, separators=(",", ":"))])

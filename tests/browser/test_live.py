@@ -1,0 +1,56 @@
+"""The run page follows its run over the event stream: no reload, no series refetch."""
+
+from __future__ import annotations
+
+import pytest
+from browser.page_state import (
+    PARTIAL_MARKERS,
+    REVISED_MARKERS,
+    column,
+    marked_steps,
+    wait_for_marked,
+)
+from browser.seeding import SPEC, Seeder, wave
+from playwright.sync_api import Page, expect
+
+pytestmark = pytest.mark.browser
+
+
+def test_steps_posted_while_the_page_is_open_appear_without_a_reload(
+    page: Page, seed: Seeder
+) -> None:
+    seed.run("livey", 2, **SPEC, step_timeout_s=0.3)
+    seed.steps("livey", range(3), 2, wave)
+    series_requests: list[str] = []
+    page.on("request", lambda r: "/series/" in r.url and series_requests.append(r.url))
+    page.goto("/runs/livey")
+    expect(page.locator("body")).to_have_attribute("data-live", "open")
+    card = page.locator('.card[data-metric="ratio_max"]')
+    expect(card).to_have_attribute("data-points", "3")
+    fetched = len(series_requests)
+    page.evaluate("window.sameDocument = true")
+
+    seed.steps("livey", range(3, 5), 2, wave)
+    expect(card).to_have_attribute("data-points", "5")
+    assert column(page, "ratio_max", 1) == [1.0 + s for s in range(5)]
+
+    seed.post("livey", [{"step": 5, "rank": 0, "seq": 0, "values": wave(5, 0)}], [])
+    seed.post("livey", [], [{"step": 5, "rank": 0, "fragments": 1}])
+    seed.wait_for_status("livey", 5, "partial")
+    page.wait_for_function("steptally.heatmap.cellState(5, 1) === 'missing'")
+    expect(card).to_have_attribute("data-points", "6")
+    page.evaluate("steptally.select(5)")
+    detail = page.locator("#detail")
+    expect(detail).to_have_attribute("data-revision", "1")
+    expect(page.locator("#detail-missing")).to_have_text("1")
+
+    late = {"step": 5, "rank": 1, "seq": 0, "values": wave(5, 1)}
+    seed.post("livey", [late], [{"step": 5, "rank": 1, "fragments": 1}])
+    page.wait_for_function("steptally.heatmap.cellState(5, 1) === 'late'")
+    wait_for_marked(page, "ratio_max", REVISED_MARKERS, [5])
+    assert marked_steps(page, "ratio_max", PARTIAL_MARKERS) == []
+    expect(detail).to_have_attribute("data-revision", "2")
+    expect(page.locator("#detail-status")).to_have_text("complete")
+    expect(page.locator("#detail-late")).to_have_text("1")
+    assert page.evaluate("window.sameDocument") is True
+    assert len(series_requests) == fetched
