@@ -17,6 +17,14 @@ Two JSON bodies are accepted by ``POST /v1/runs/{run}/fragments``:
   ``present`` holds one byte per cell (1 = the fragment carries that metric); when
   it is null every cell is present.
 
+A sum's value may be **exact**: the terms of a float64 expansion (finite, largest
+first, the first the correctly rounded sum), so that the fragments of any split of a
+step's tokens add up to the same bits. The row form sends the terms as a JSON array
+(``"loss_num": [1.5, 1.1e-17]``); the compact form keeps the first term in its cell and
+lists the rest in an optional ragged block, ``"tails": {"cells": [cell index, ...],
+"lengths": [terms after the first, ...], "values": "<base64>"}``, cells increasing. An
+expansion holds at most 64 terms; a plain number is a one-term expansion.
+
 Non-finite numbers travel in JSON as the strings ``"NaN"``, ``"Infinity"`` and
 ``"-Infinity"`` (the proto3 JSON convention), in both directions. Every NaN is
 canonicalised on decode, so a fragment's identity never depends on a NaN payload.
@@ -31,11 +39,15 @@ import sys
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
+from steptally.client.algebra.exact import MAX_TERMS
 from steptally.client.algebra.kind import NAME_PATTERN
 
 MAX_INT = 2**63 - 1
+#: a value: a number, or the terms of an exact sum
+Value = float | tuple[float, ...]
 #: the proto3 JSON strings of the non-finite numbers, and what they decode to
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _LITTLE = sys.byteorder == "little"
@@ -85,20 +97,26 @@ class FragmentBatch:
     values: array[float] = field(default_factory=lambda: array("d"))
     present: bytes | None = None
     commits: list[Commit] = field(default_factory=list)
+    tails: dict[int, tuple[float, ...]] = field(default_factory=dict)  # cell → terms after
+    # the first of an exact sum
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def row(self, i: int) -> dict[str, float]:
-        """Fragment ``i``'s values as a dict (absent metrics left out)."""
+    def row(self, i: int) -> dict[str, Value]:
+        """Fragment ``i``'s values as a dict (absent metrics left out), an exact sum as
+        the tuple of its terms."""
         m = len(self.metrics)
-        vals = self.values[i * m : (i + 1) * m]
+        vals: list[Value] = list(self.values[i * m : (i + 1) * m])
+        for cell, tail in self.tails.items():
+            if i * m <= cell < (i + 1) * m:
+                vals[cell - i * m] = (self.values[cell], *tail)
         if self.present is None:
             return dict(zip(self.metrics, vals, strict=True))
         mask = self.present[i * m : (i + 1) * m]
         return {n: v for n, v, p in zip(self.metrics, vals, mask, strict=True) if p}
 
-    def rows(self) -> Iterator[tuple[int, int, int, dict[str, float]]]:
+    def rows(self) -> Iterator[tuple[int, int, int, dict[str, Value]]]:
         for i in range(len(self)):
             yield self.steps[i], self.ranks[i], self.seqs[i], self.row(i)
 
@@ -128,6 +146,25 @@ def decode_number(v: object, where: str) -> float:
         return float(v)
     except OverflowError:
         raise WireError(where, f"the integer {v} is too large for a float64") from None
+
+
+def decode_value(v: object, where: str) -> tuple[float, tuple[float, ...]]:
+    """A number, or the terms of an exact sum as a JSON array: (first term, the rest)."""
+    if not isinstance(v, list):
+        return decode_number(v, where), ()
+    if not 1 <= len(v) <= MAX_TERMS:
+        raise WireError(where, f"an exact sum holds 1 to {MAX_TERMS} numbers, not {len(v)}")
+    terms = [decode_number(x, f"{where}[{k}]") for k, x in enumerate(v)]
+    tail = tuple(terms[1:])
+    _check_terms(terms[0], tail, where)
+    return terms[0], tail
+
+
+def _check_terms(first: float, tail: Sequence[float], where: str) -> None:
+    if tail and not (math.isfinite(first) and all(map(math.isfinite, tail))):
+        raise WireError(
+            where, "the terms of an exact sum must be finite; send a non-finite value alone"
+        )
 
 
 def _int(v: object, where: str, lo: int = 0) -> int:
@@ -172,6 +209,7 @@ def _decode_rows(rows: object) -> FragmentBatch:
         raise WireError("fragments", "must be a list")
     index: dict[str, int] = {}
     parsed: list[dict[int, float]] = []
+    tails: dict[tuple[int, int], tuple[float, ...]] = {}
     batch = FragmentBatch()
     for i, row in enumerate(rows):
         where = f"fragments[{i}]"
@@ -194,7 +232,9 @@ def _decode_rows(rows: object) -> FragmentBatch:
             if not NAME_PATTERN.match(name):
                 raise WireError(f"{where}.values", f"{name!r} is not a valid metric name")
             col = index.setdefault(name, len(index))
-            cells[col] = decode_number(v, f"{where}.values.{name}")
+            cells[col], tail = decode_value(v, f"{where}.values.{name}")
+            if tail:
+                tails[i, col] = tail
         parsed.append(cells)
     batch.metrics = list(index)
     m = len(index)
@@ -205,6 +245,7 @@ def _decode_rows(rows: object) -> FragmentBatch:
             batch.values[i * m + col] = v
             present[i * m + col] = 1
     batch.present = None if all(present) else bytes(present)
+    batch.tails = {i * m + col: tail for (i, col), tail in tails.items()}
     return batch
 
 
@@ -217,15 +258,18 @@ def _b64(v: object, where: str) -> bytes:
         raise WireError(where, "is not valid base64") from None
 
 
-def _int_column(data: Mapping[str, Any], key: str, n: int | None) -> list[int]:
+def _int_column(
+    data: Mapping[str, Any], key: str, n: int | None, block: str = "columnar"
+) -> list[int]:
     col = data.get(key)
     if not isinstance(col, list):
-        raise WireError(f"columnar.{key}", "must be a list of integers")
+        raise WireError(f"{block}.{key}", "must be a list of integers")
     if n is not None and len(col) != n:
-        raise WireError(f"columnar.{key}", f"has {len(col)} entries, but step has {n}")
+        first = "step" if block == "columnar" else "cells"
+        raise WireError(f"{block}.{key}", f"has {len(col)} entries, but {first} has {n}")
     for i, v in enumerate(col):
         if type(v) is not int or not 0 <= v <= MAX_INT:
-            _int(v, f"columnar.{key}[{i}]")
+            _int(v, f"{block}.{key}[{i}]")
     return col
 
 
@@ -258,7 +302,36 @@ def _decode_columnar(data: object) -> FragmentBatch:
             raise WireError("columnar.present", f"must hold {cells} bytes, each 0 or 1")
         if all(present):
             present = None
-    return FragmentBatch(list(metrics), steps, ranks, seqs, values, present)
+    batch = FragmentBatch(list(metrics), steps, ranks, seqs, values, present)
+    if data.get("tails") is not None:
+        batch.tails = _decode_tails(data["tails"], batch)
+    return batch
+
+
+def _decode_tails(data: object, batch: FragmentBatch) -> dict[int, tuple[float, ...]]:
+    """The ``tails`` block of the compact form: cell index → the terms after its first."""
+    if not isinstance(data, dict) or set(data) != {"cells", "lengths", "values"}:
+        raise WireError("columnar.tails", "must be an object with cells, lengths and values")
+    where = "columnar.tails"
+    cells = _int_column(data, "cells", None, where)
+    lengths = _int_column(data, "lengths", len(cells), where)
+    total = len(batch.values)
+    if any(b <= a for a, b in pairwise(cells)) or (cells and cells[-1] >= total):
+        raise WireError(f"{where}.cells", f"must increase, each below {total} (the cells)")
+    if any(not 1 <= n < MAX_TERMS for n in lengths):
+        raise WireError(f"{where}.lengths", f"each must be 1 to {MAX_TERMS - 1}")
+    values = f64_from_le_bytes(_b64(data["values"], f"{where}.values"))
+    if len(values) != sum(lengths):
+        raise WireError(f"{where}.values", f"holds {len(values)} float64, expected {sum(lengths)}")
+    out: dict[int, tuple[float, ...]] = {}
+    start = 0
+    for k, (cell, n) in enumerate(zip(cells, lengths, strict=True)):
+        if batch.present is not None and not batch.present[cell]:
+            raise WireError(f"{where}.cells[{k}]", f"cell {cell} is not present")
+        out[cell] = tuple(values[start : start + n])
+        _check_terms(batch.values[cell], out[cell], f"{where}.cells[{k}]")
+        start += n
+    return out
 
 
 def _decode_commits(rows: object) -> list[Commit]:
@@ -286,26 +359,40 @@ def encode_commits(commits: Sequence[Commit]) -> list[dict[str, int]]:
     return [{"step": c.step, "rank": c.rank, "fragments": c.fragments} for c in commits]
 
 
+def _b64encode(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
 def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
-    """The compact form of ``batch`` as a JSON-ready dict."""
-    return {
-        "columnar": {
-            "metrics": list(batch.metrics),
-            "step": list(batch.steps),
-            "rank": list(batch.ranks),
-            "seq": list(batch.seqs),
-            "values": base64.b64encode(f64_to_le_bytes(batch.values)).decode("ascii"),
-            "present": None if batch.present is None else base64.b64encode(batch.present).decode(),
-        },
-        "commits": encode_commits(batch.commits),
+    """The compact form of ``batch`` as a JSON-ready dict (a tails block only if needed)."""
+    columnar: dict[str, Any] = {
+        "metrics": list(batch.metrics),
+        "step": list(batch.steps),
+        "rank": list(batch.ranks),
+        "seq": list(batch.seqs),
+        "values": _b64encode(f64_to_le_bytes(batch.values)),
+        "present": None if batch.present is None else _b64encode(batch.present),
     }
+    if batch.tails:
+        cells = sorted(batch.tails)
+        terms = array("d", (x for cell in cells for x in batch.tails[cell]))
+        columnar["tails"] = {
+            "cells": cells,
+            "lengths": [len(batch.tails[cell]) for cell in cells],
+            "values": _b64encode(f64_to_le_bytes(terms)),
+        }
+    return {"columnar": columnar, "commits": encode_commits(batch.commits)}
+
+
+def _encode_value(v: Value) -> float | str | list[float | str]:
+    return [encode_number(x) for x in v] if isinstance(v, tuple) else encode_number(v)
 
 
 def encode_rows(batch: FragmentBatch) -> dict[str, Any]:
     """The row form of ``batch`` as a JSON-ready dict."""
     return {
         "fragments": [
-            {"step": s, "rank": r, "seq": q, "values": {k: encode_number(v) for k, v in d.items()}}
+            {"step": s, "rank": r, "seq": q, "values": {k: _encode_value(v) for k, v in d.items()}}
             for s, r, q, d in batch.rows()
         ],
         "commits": encode_commits(batch.commits),

@@ -11,10 +11,12 @@ from typing import Any
 from steptally.client.algebra import expression
 from steptally.client.algebra.errors import ValueRejected
 from steptally.client.algebra.exact import CountState, ExtremeState, SumState
-from steptally.client.algebra.kind import Kind, check_value
+from steptally.client.algebra.kind import Kind, check_expansion, check_value
 from steptally.client.algebra.spec import MetricSpec
 
 State = SumState | CountState | ExtremeState
+#: a fragment's value: a float, or (sum metrics only) the terms of an exact expansion
+Value = float | Sequence[float]
 
 
 def new_state(kind: Kind) -> State:
@@ -63,21 +65,36 @@ class StepAccumulator:
             state = self.states[name] = new_state(kind)
         return state
 
-    def add(self, values: Mapping[str, float]) -> None:
-        """Fold one fragment's values in (a guarded extreme only if its guard is > 0)."""
+    def add(self, values: Mapping[str, Value]) -> None:
+        """Fold one fragment's values in (a guarded extreme only if its guard is > 0); a
+        sum metric's value may be an expansion, whose terms all count."""
         guards = self.spec.guards
         for name, value in values.items():
             state = self._state(name)
-            check_value(self.spec.metrics[name], value, name)
-            if name in guards and not values.get(guards[name], 0.0) > 0:
+            if not isinstance(value, float | int):
+                self._add_expansion(name, state, value)
                 continue
-            state.add(value)
+            check_value(self.spec.metrics[name], value, name)
+            guard = values.get(guards[name], 0.0) if name in guards else 1.0
+            if isinstance(guard, float | int) and guard > 0:
+                state.add(value)
 
-    def add_column(self, name: str, values: Sequence[float]) -> None:
+    def _add_expansion(self, name: str, state: State, terms: Sequence[float]) -> None:
+        if not isinstance(state, SumState):
+            raise ValueRejected(f"metric {name!r} is not a sum, so its value must be one number")
+        check_expansion(terms, name)
+        state.add_many(terms, fragments=1)
+
+    def add_column(self, name: str, values: Sequence[float], tails: Sequence[float] = ()) -> None:
         """Fold many values of one metric in at once (already validated; for a guarded
-        extreme, only the values whose fragments passed the guard)."""
+        extreme, only the values whose fragments passed the guard); ``tails`` are the
+        further terms of a sum's expansions, which add to the value but not to the count."""
         if values:
             self._state(name).add_many(values)
+        if tails:
+            state = self._state(name)
+            assert isinstance(state, SumState)
+            state.add_many(tails, fragments=0)
 
     def merge(self, other: StepAccumulator) -> None:
         """Fold another partial state in; order and grouping never change the result."""
@@ -117,7 +134,7 @@ class StepAccumulator:
         return out
 
 
-def combine(spec: MetricSpec, fragments: Iterable[Mapping[str, float]]) -> dict[str, MetricResult]:
+def combine(spec: MetricSpec, fragments: Iterable[Mapping[str, Value]]) -> dict[str, MetricResult]:
     """Single-pass convenience: combine every fragment and report."""
     acc = StepAccumulator(spec)
     for values in fragments:

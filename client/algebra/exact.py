@@ -9,6 +9,11 @@ NaN absorbing and ``-0.0 < 0.0`` so that the result never depends on order.
 Rounding to float64 happens once, in :meth:`value`, and nowhere else. Merging two
 states never changes a bit of either, so the same state serves one microbatch, a
 rank, a replica and a shard.
+
+A sum fragment may carry its value *exactly*, as a float64 expansion: a few
+non-overlapping finite floats, largest first, whose real sum is the value and whose
+first term is that value correctly rounded (:func:`expansion`). The state adds every
+term; a plain float is a one-term expansion.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from fractions import Fraction
 
 SCALE_BITS = 1074
 _SCALE = 1 << SCALE_BITS
+#: the most terms an expansion may have (a float64 needs at most 40)
+MAX_TERMS = 64
 
 
 def scaled_int(x: float) -> int:
@@ -34,6 +41,20 @@ def round_scaled(acc: int) -> float:
         return acc / _SCALE  # int / int true division is correctly rounded
     except OverflowError:
         return math.inf if acc > 0 else -math.inf
+
+
+def expansion(acc: int) -> tuple[float, ...]:
+    """``acc * 2**-1074`` as its canonical expansion: the correctly rounded value, then
+    the correctly rounded remainder, until nothing remains (``(0.0,)`` for 0). Terms do
+    not overlap, so there are at most 40. Beyond the float64 range: ``(±inf,)``."""
+    terms: list[float] = []
+    while acc or not terms:
+        term = round_scaled(acc)
+        if not math.isfinite(term):
+            return (term,)
+        terms.append(term)
+        acc -= scaled_int(term)
+    return tuple(terms)
 
 
 def _exact_finite_sum(values: list[float], first: float | None = None) -> int:
@@ -68,7 +89,9 @@ class SumState:
     pos_inf: int = 0
     neg_inf: int = 0
 
-    def add_many(self, values: Sequence[float]) -> None:
+    def add_many(self, values: Sequence[float], fragments: int | None = None) -> None:
+        """Fold ``values`` in; they count as ``fragments`` values (default: one each), so
+        the terms of expansions count once per fragment."""
         total: float | None = None
         try:
             total = math.fsum(values)
@@ -91,7 +114,7 @@ class SumState:
                 else:
                     self.neg_inf += 1
         self.acc += _exact_finite_sum(finite, total if clean else None)
-        self.n += len(values)
+        self.n += len(values) if fragments is None else fragments
 
     def add(self, value: float) -> None:
         self.add_many((value,))

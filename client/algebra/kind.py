@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 
 from steptally.client.algebra.errors import SpecError, ValueRejected
+from steptally.client.algebra.exact import MAX_TERMS
 
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -49,3 +51,17 @@ def check_value(kind: Kind, value: float, name: str) -> float:
             f"not {value!r}"
         )
     return value
+
+
+def check_expansion(terms: Sequence[float], name: str, limit: int = MAX_TERMS) -> None:
+    """Validate the terms of a sum's exact expansion: 1 to ``limit`` numbers, all
+    finite when there is more than one (a non-finite value is one plain number)."""
+    if not 1 <= len(terms) <= limit:
+        raise ValueRejected(
+            f"metric {name!r}: an expansion holds 1 to {limit} numbers, not {len(terms)}"
+        )
+    if len(terms) > 1 and not all(map(math.isfinite, terms)):
+        raise ValueRejected(
+            f"metric {name!r}: the terms of an expansion must be finite; send a "
+            "non-finite value as one number"
+        )

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from steptally.client.algebra import MetricSpec, SpecConflict
-from steptally.client.wire import FragmentBatch, decode_batch
+from steptally.client.wire import FragmentBatch, Value, decode_batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class FakeService:
         self.received: list[Received] = []
         self.attempts: list[tuple[float, str]] = []  # every request, failed ones included
         self.specs: dict[str, MetricSpec] = {}
-        self.fragments: dict[tuple[int, int, int], dict[str, float]] = {}
+        self.fragments: dict[tuple[int, int, int], dict[str, Value]] = {}
         self.commits: dict[tuple[int, int], int] = {}
         self.duplicates = 0
         self._script: deque[int | httpx.Response | Exception] = deque()

@@ -46,6 +46,7 @@ def prepare(run: RunRecord, batch: FragmentBatch, columnar: bool) -> PreparedBat
     _check_metrics(run, batch, columnar)
     _check_ranks(run, batch, columnar)
     _check_counts(run, batch, columnar)
+    _check_tails(run, batch, columnar)
     out = PreparedBatch(columnar=columnar)
     _pack_fragments(run, batch, out)
     for i, c in enumerate(batch.commits):
@@ -119,16 +120,32 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
                 )
 
 
+def _check_tails(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
+    """Only a sum's value may be an exact expansion (a count, min or max is one number)."""
+    m = len(batch.metrics)
+    for k, cell in enumerate(batch.tails):
+        name = batch.metrics[cell % m]
+        kind = run.spec.metrics[name]
+        if kind is not Kind.SUM:
+            where = f"columnar.tails.cells[{k}]" if columnar else f"fragments[{cell // m}]"
+            raise InvalidValue(
+                f"metric {name!r} is a {kind.value}, so its value is one number, not the "
+                "terms of an exact sum",
+                where if columnar else f"{where}.values.{name}",
+            )
+
+
 def _pack_fragments(run: RunRecord, batch: FragmentBatch, out: PreparedBatch) -> None:
     width = len(run.columns)
     m = len(batch.metrics)
     order = [run.column_of[name] for name in batch.metrics]
     fast = batch.present is None and order == list(range(width))
     raw = f64_to_le_bytes(batch.values) if fast else b""
+    tailed = {cell // m for cell in batch.tails} if m else set()
     keys = zip(batch.steps, batch.ranks, batch.seqs, strict=True)
     for i, key in enumerate(keys):
-        if fast:
-            cell: cells.Cell = (raw[8 * m * i : 8 * m * (i + 1)], None)
+        if fast and i not in tailed:
+            cell: cells.Cell = (raw[8 * m * i : 8 * m * (i + 1)], None, None)
         else:
             cell = _pack_row(batch, i, order, width)
         known = out.fragments.setdefault(key, cell)
@@ -146,8 +163,12 @@ def _pack_row(batch: FragmentBatch, i: int, order: list[int], width: int) -> cel
     mask = bytearray(width)
     row = batch.values[i * m : (i + 1) * m]
     present = batch.present
+    tails = {}
     for j, col in enumerate(order):
         if present is None or present[i * m + j]:
             values[col] = row[j]
             mask[col] = 1
-    return cells.pack(values, mask)
+            tail = batch.tails.get(i * m + j)
+            if tail:
+                tails[col] = tail
+    return cells.pack(values, mask, tails)

@@ -5,28 +5,66 @@ column, a mask of one byte per column (``present``). The packing is canonical, s
 two deliveries of the same fragment compare bytewise: absent cells hold +0.0,
 trailing absent columns are trimmed (a column added to the run later changes
 nothing), and the mask is None when every column of the blob is present.
+
+An exact sum's further terms (see :mod:`steptally.client.wire`) are a third blob,
+``tails``, None when there are none: for each column that has them, in increasing
+order, its index and the number of terms (two little-endian uint32), then the terms as
+little-endian float64. The blob's first term stays in ``values``, so a reader that
+knows nothing of tails reads the correctly rounded sum.
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
 
 from steptally.client.wire import f64_from_le_bytes, f64_to_le_bytes
 
-Cell = tuple[bytes, bytes | None]
+Cell = tuple[bytes, bytes | None, bytes | None]
+_HEADER = struct.Struct("<II")
 
 
-def pack(values: Sequence[float], mask: bytes | bytearray) -> Cell:
-    """Canonical blob and mask of one fragment given over all of the run's columns."""
+def pack_tails(tails: Mapping[int, Sequence[float]]) -> bytes | None:
+    """The canonical tails blob of ``tails`` (column → terms after the first)."""
+    parts = []
+    for column in sorted(tails):
+        terms = array("d", tails[column])
+        parts += [_HEADER.pack(column, len(terms)), f64_to_le_bytes(terms)]
+    return b"".join(parts) or None
+
+
+def unpack_tails(raw: bytes | None) -> Iterator[tuple[int, array[float]]]:
+    """``(column, terms)`` for each column of a tails blob."""
+    at = 0
+    while raw and at < len(raw):
+        column, n = _HEADER.unpack_from(raw, at)
+        at += _HEADER.size
+        yield column, f64_from_le_bytes(bytes(raw[at : at + 8 * n]))
+        at += 8 * n
+
+
+def tail_columns(cells: Sequence[Cell], width: int) -> list[list[float]]:
+    """The further terms of every column's exact sums over all ``cells``."""
+    out: list[list[float]] = [[] for _ in range(width)]
+    for _, _, tails in cells:
+        for column, terms in unpack_tails(tails):
+            out[column].extend(terms)
+    return out
+
+
+def pack(
+    values: Sequence[float], mask: bytes | bytearray, tails: Mapping[int, Sequence[float]] = {}
+) -> Cell:
+    """Canonical blobs and mask of one fragment given over all of the run's columns."""
     last = len(mask) - 1
     while last >= 0 and not mask[last]:
         last -= 1
     blob = f64_to_le_bytes(array("d", (v if p else 0.0 for v, p in zip(values, mask, strict=True))))
     blob = blob[: 8 * (last + 1)]
     kept = bytes(mask[: last + 1])
-    return blob, (None if all(kept) else kept)
+    return blob, (None if all(kept) else kept), pack_tails(tails)
 
 
 def columns(
@@ -38,12 +76,12 @@ def columns(
     values of fragments that carry the guard with a value greater than zero.
     """
     full = 8 * width
-    if all(p is None and len(v) == full for v, p in cells):
-        flat = f64_from_le_bytes(b"".join(v for v, _ in cells))
+    if all(p is None and len(v) == full for v, p, _ in cells):
+        flat = f64_from_le_bytes(b"".join(v for v, _, _ in cells))
         mask = None
     else:
         blobs, masks = [], []
-        for v, p in cells:
+        for v, p, _ in cells:
             k = len(v) // 8
             blobs.append(v + bytes(full - len(v)))
             masks.append((b"\x01" * k if p is None else p) + bytes(width - k))

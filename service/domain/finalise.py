@@ -74,8 +74,9 @@ def combine(run: RunRecord, fragments: Sequence[cells.Cell]) -> dict[str, Metric
     index = {name: j for j, name in enumerate(run.columns)}
     guards = {index[m]: index[g] for m, g in run.spec.guards.items()}
     table = cells.columns(fragments, len(run.columns), guards)
-    for name, column in zip(run.columns, table, strict=True):
-        acc.add_column(name, column)
+    tails = cells.tail_columns(fragments, len(run.columns))
+    for name, column, tail in zip(run.columns, table, tails, strict=True):
+        acc.add_column(name, column, tail)
     return acc.report()
 
 

@@ -139,3 +139,4 @@ class Fragment(Base):
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     values_f64: Mapped[bytes] = mapped_column(LargeBinary)
     present: Mapped[bytes | None] = mapped_column(LargeBinary)
+    tails: Mapped[bytes | None] = mapped_column(LargeBinary)  # exact sums' further terms

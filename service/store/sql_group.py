@@ -40,8 +40,9 @@ class Pending:
 
 
 def batch_bytes(batch: PreparedBatch) -> int:
-    """A batch's rough size in the database: its values and presence masks."""
-    return sum(len(v) + (len(p) if p else 0) for v, p in batch.fragments.values()) + 16 * len(
+    """A batch's rough size in the database: its values, presence masks and tails."""
+    cells = batch.fragments.values()
+    return sum(len(v) + len(p or b"") + len(t or b"") for v, p, t in cells) + 16 * len(
         batch.commits
     )
 

@@ -137,6 +137,7 @@ def _fragment_row(run_id: int, key: FragmentKey, cell: Cell) -> dict[str, Any]:
         "seq": q,
         "values_f64": cell[0],
         "present": cell[1],
+        "tails": cell[2],
     }
 
 
@@ -165,9 +166,11 @@ def _classify_fragments(
     batch: PreparedBatch,
     collided: set[FragmentKey],
 ) -> None:
-    for s, r, q, values, present in conn.execute(sql.fragments_of, keys_params(run.id, collided)):
+    rows = conn.execute(sql.fragments_of, keys_params(run.id, collided))
+    for s, r, q, values, present, tails in rows:
         key = (s, r, q)
-        if key in collided and batch.fragments[key] != (bytes(values), _bytes(present)):
+        stored = (bytes(values), _bytes(present), _bytes(tails))
+        if key in collided and batch.fragments[key] != stored:
             raise FragmentConflict(
                 f"fragment step {s} rank {r} seq {q} was already received with different "
                 "values; a fragment's values never change, so send a new seq or fix the sender",

@@ -40,10 +40,10 @@ LOCK_STEPS = (
     f"RETURNING {_STEP_COLUMNS}"
 )
 INSERT_FRAGMENTS = (
-    "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present) "
+    "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, tails) "
     "SELECT %(run)s, * FROM unnest("
     "%(steps)s::bigint[], %(ranks)s::int[], %(seqs)s::bigint[], %(values)s::bytea[], "
-    "%(present)s::bytea[]) "
+    "%(present)s::bytea[], %(tails)s::bytea[]) "
     "ON CONFLICT DO NOTHING RETURNING step, rank, seq"
 )
 INSERT_COMMITS = (
@@ -130,8 +130,9 @@ def _fragment_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:
         "steps": [k[0] for k in keys],
         "ranks": [k[1] for k in keys],
         "seqs": [k[2] for k in keys],
-        "values": [v for v, _ in cells],
-        "present": [p for _, p in cells],
+        "values": [v for v, _, _ in cells],
+        "present": [p for _, p, _ in cells],
+        "tails": [t for _, _, t in cells],
     }
 
 

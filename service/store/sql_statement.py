@@ -33,7 +33,7 @@ class Statements:
     update_steps: Any
     commits_of: Any  # (step, rank, fragments) for :run, :steps, :ranks
     max_seq_of: Any  # (step, rank, max seq) for :run, :steps, :ranks
-    fragments_of: Any  # (step, rank, seq, values, present) for :run, :steps, :ranks
+    fragments_of: Any  # (step, rank, seq, values, present, tails) for :run, :steps, :ranks
 
 
 def _where(table: Table) -> Any:
@@ -65,7 +65,7 @@ def statements(dialect: str) -> Statements:
         max_seq_of=select(f.step, f.rank, func.max(f.seq))
         .where(*_where(FRAGMENTS))
         .group_by(f.step, f.rank),
-        fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present).where(
+        fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails).where(
             *_where(FRAGMENTS)
         ),
     )

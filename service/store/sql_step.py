@@ -142,14 +142,15 @@ def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, li
             COMMITS.c.run_id == run.id, COMMITS.c.step == step
         )
     ).all()
+    cols = FRAGMENTS.c
     frags = conn.execute(
-        select(FRAGMENTS.c.rank, FRAGMENTS.c.values_f64, FRAGMENTS.c.present).where(
-            FRAGMENTS.c.run_id == run.id, FRAGMENTS.c.step == step
+        select(cols.rank, cols.values_f64, cols.present, cols.tails).where(
+            cols.run_id == run.id, cols.step == step
         )
     ).all()
     received = Counter(f.rank for f in frags)
     progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
-    return progress, [(f.values_f64, f.present) for f in frags]
+    return progress, [(f.values_f64, f.present, f.tails) for f in frags]
 
 
 def finalise_row(

@@ -3,6 +3,7 @@ sharding, merge order or batching."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from fractions import Fraction
@@ -249,3 +250,22 @@ def test_overflowing_partial_sums_beside_non_finite_values(values: list[float]) 
     expected = values[-1] if not math.isfinite(values[-1]) else values[-2]
     got = state.value()
     assert (math.isnan(got) and math.isnan(expected)) or got == expected
+
+
+@given(st.lists(adversarial, max_size=30))
+def test_expansion_is_exact_canonical_and_non_overlapping(values: list[float]) -> None:
+    from steptally.client.algebra.exact import expansion
+
+    acc = sum(map(scaled_int, values))
+    terms = expansion(acc)
+    if math.isinf(terms[0]):  # beyond the float64 range
+        assert terms == (round_scaled(acc),)
+        return
+    assert terms[0] == round_scaled(acc)  # the first term is the correctly rounded sum
+    assert sum(map(scaled_int, terms)) == acc  # the terms sum to it exactly
+    assert len(terms) <= 40
+    for big, small in itertools.pairwise(terms):
+        assert abs(small) <= math.ulp(big) / 2  # no overlap, largest first
+    state = SumState()
+    state.add_many(terms, fragments=1)
+    assert state.value() == round_scaled(acc) and state.n == 1

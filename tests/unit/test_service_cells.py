@@ -9,11 +9,11 @@ from steptally.service.domain import cells
 
 def test_pack_is_canonical_and_trims_trailing_absent_columns() -> None:
     full = cells.pack([1.0, 2.0], b"\x01\x01")
-    assert full == (struct.pack("<2d", 1.0, 2.0), None)
+    assert full == (struct.pack("<2d", 1.0, 2.0), None, None)
     assert cells.pack([1.0, 2.0, 99.0], b"\x01\x01\x00") == full  # a column added later
-    blob, mask = cells.pack([5.0, 7.0, 3.0], b"\x00\x01\x01")
+    blob, mask, _ = cells.pack([5.0, 7.0, 3.0], b"\x00\x01\x01")
     assert blob == struct.pack("<3d", 0.0, 7.0, 3.0) and mask == b"\x00\x01\x01"
-    assert cells.pack([1.0], b"\x00") == (b"", None)
+    assert cells.pack([1.0], b"\x00") == (b"", None, None)
 
 
 def test_columns_fast_path_and_masked_path_agree() -> None:
@@ -21,3 +21,20 @@ def test_columns_fast_path_and_masked_path_agree() -> None:
     assert [list(c) for c in cells.columns(rows, 2)] == [[1.0, 3.0], [2.0, 4.0]]
     mixed = [*rows, cells.pack([0.0, 9.0], b"\x00\x01"), cells.pack([8.0], b"\x01")]
     assert [list(c) for c in cells.columns(mixed, 3)] == [[1.0, 3.0, 8.0], [2.0, 4.0, 9.0], []]
+
+
+def test_tails_blob_is_canonical_and_reads_back_per_column() -> None:
+    tails = {2: [2.0**-60, 2.0**-120], 0: [1e-17]}
+    _, _, blob = cells.pack([1.0, 5.0, 3.0], b"\x01\x01\x01", tails)
+    assert blob == (
+        struct.pack("<II", 0, 1) + struct.pack("<d", 1e-17)
+        + struct.pack("<II", 2, 2) + struct.pack("<2d", 2.0**-60, 2.0**-120)
+    )  # fmt: skip
+    assert cells.pack([1.0, 5.0, 3.0], b"\x01\x01\x01", dict(reversed(tails.items())))[2] == blob
+    other = cells.pack([4.0, 5.0, 6.0], b"\x01\x01\x01", {2: [-(2.0**-70)]})
+    plain = cells.pack([4.0], b"\x01")
+    assert cells.tail_columns([(b"", None, blob), other, plain], 3) == [
+        [1e-17],
+        [],
+        [2.0**-60, 2.0**-120, -(2.0**-70)],
+    ]

@@ -127,3 +127,42 @@ def test_encode_number() -> None:
 def test_empty_batch() -> None:
     assert len(decode_batch({})) == 0
     assert isinstance(decode_batch({"fragments": []}), FragmentBatch)
+
+
+def test_exact_sums_round_trip_in_both_forms() -> None:
+    tiny = 2.0**-80
+    rows = {
+        "fragments": [
+            {"step": 0, "rank": 0, "seq": 0, "values": {"a": [1.0, tiny], "n": 2}},
+            {"step": 0, "rank": 0, "seq": 1, "values": {"a": [3.0], "b": [5.0, -tiny, tiny**2]}},
+        ]
+    }
+    batch = decode_batch(rows)
+    assert list(batch.values) == [1.0, 2.0, 0.0, 3.0, 0.0, 5.0]
+    assert batch.tails == {0: (tiny,), 5: (-tiny, tiny**2)}
+    assert batch.row(0) == {"a": (1.0, tiny), "n": 2.0}
+    assert batch.row(1) == {"a": 3.0, "b": (5.0, -tiny, tiny**2)}  # a 1-term list is a number
+    compact = encode_columnar(batch)
+    assert compact["columnar"]["tails"]["cells"] == [0, 5]
+    assert compact["columnar"]["tails"]["lengths"] == [1, 2]
+    again = decode_batch(compact)
+    assert list(again.rows()) == list(batch.rows())
+    assert decode_batch(encode_rows(again)).tails == batch.tails
+    assert "tails" not in encode_columnar(decode_batch(ROWS))["columnar"]  # none: no block
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ([], "fragments[0].values.a"),
+        ([1.0] * 65, "fragments[0].values.a"),
+        ([1.0, "NaN"], "fragments[0].values.a"),
+        (["Infinity", 1.0], "fragments[0].values.a"),
+        ([1.0, "x"], "fragments[0].values.a[1]"),
+    ],
+)
+def test_bad_exact_sums_name_the_value(value: object, where: str) -> None:
+    body = {"fragments": [{"step": 0, "rank": 0, "seq": 0, "values": {"a": value}}]}
+    with pytest.raises(WireError) as info:
+        decode_batch(body)
+    assert info.value.where == where
