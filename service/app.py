@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api import errors, events, fragments, health, metrics, runs, steps
+from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
@@ -68,7 +68,7 @@ def create_app(
             service.events.close()
             store.close()
 
-    app = FastAPI(title="Steptally", version="1", lifespan=lifespan)
+    app = FastAPI(title="Steptally", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.registry = registry
     app.state.telemetry = telemetry
@@ -76,7 +76,7 @@ def create_app(
     app.state.service = service
     errors.install(app)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
-    for module in (runs, fragments, steps, events, health, metrics):
+    for module in (runs, fragments, steps, events, health, metrics, docs):
         app.include_router(module.router)
     dashboard.install(app)
     return app

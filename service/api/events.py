@@ -23,6 +23,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api.deps import ServiceDep
+from steptally.service.api.schemas import errors
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.events import EventCursor, step_events
 from steptally.service.usecase.service import Service
@@ -58,7 +59,7 @@ async def _sse(
 @router.get(
     "/{run}/events",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "step events"}},
+    responses=errors(404, 422, also={200: {"content": {"text/event-stream": {}}}}),
 )
 async def run_events(
     run: str,

@@ -14,11 +14,16 @@ from starlette.concurrency import run_in_threadpool
 from steptally.service.api.body import decode_content, read_limited
 from steptally.service.api.deps import ServiceDep, SettingsDep
 from steptally.service.api.response import JsonResponse
+from steptally.service.api.schemas import IngestAnswer, errors
 
 router = APIRouter(prefix="/v1/runs", tags=["fragments"])
 
 
-@router.post("/{run}/fragments")
+@router.post(
+    "/{run}/fragments",
+    response_model=IngestAnswer,
+    responses=errors(400, 404, 409, 413, 422),
+)
 async def post_fragments(
     run: str, request: Request, service: ServiceDep, settings: SettingsDep
 ) -> JsonResponse:

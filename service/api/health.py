@@ -7,16 +7,17 @@ from fastapi import APIRouter, Request
 from steptally.service.api.deps import ServiceDep
 from steptally.service.api.errors import error_response
 from steptally.service.api.response import JsonResponse
+from steptally.service.api.schemas import HealthAnswer, errors
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=HealthAnswer)
 async def healthz() -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=HealthAnswer, responses=errors(503))
 def readyz(request: Request, service: ServiceDep) -> JsonResponse:
     try:
         service.store.ping()

@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from steptally.service.api.deps import ServiceDep
 from steptally.service.api.response import JsonResponse
+from steptally.service.api.schemas import RunAnswer, RunPage, errors
 from steptally.service.usecase.run_registry import RunRequest
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+_AGAIN = "the same spec again (or a superset adding metrics)"
 
 
 class RunBody(BaseModel):
@@ -27,7 +29,12 @@ class RunBody(BaseModel):
     step_timeout_s: float | None = None
 
 
-@router.post("")
+@router.post(
+    "",
+    response_model=RunAnswer,
+    status_code=201,
+    responses=errors(400, 409, 422, also={200: {"model": RunAnswer, "description": _AGAIN}}),
+)
 def register_run(body: RunBody, service: ServiceDep) -> JsonResponse:
     request = RunRequest(
         body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s, body.guards
@@ -36,11 +43,11 @@ def register_run(body: RunBody, service: ServiceDep) -> JsonResponse:
     return JsonResponse(run, status_code=201 if created else 200)
 
 
-@router.get("")
-def list_runs(service: ServiceDep) -> JsonResponse:
-    return JsonResponse(service.list_runs())
+@router.get("", response_model=RunPage, responses=errors(422))
+def list_runs(service: ServiceDep, limit: int = 100, cursor: str | None = None) -> JsonResponse:
+    return JsonResponse(service.list_runs(limit, cursor))
 
 
-@router.get("/{run}")
+@router.get("/{run}", response_model=RunAnswer, responses=errors(404, 422))
 def get_run(run: str, service: ServiceDep) -> JsonResponse:
     return JsonResponse(service.get_run(run))

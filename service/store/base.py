@@ -41,6 +41,7 @@ class RunSummary:
     open: int
     complete: int
     partial: int
+    last_finalised_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,9 @@ class Store(Protocol):
 
     def get_run(self, name: str) -> RunRecord | None: ...
 
-    def list_runs(self) -> list[RunSummary]: ...
+    def list_runs(self, after: str | None = None, limit: int | None = None) -> list[RunSummary]:
+        """Runs in name order: those named after ``after``, at most ``limit`` of them."""
+        ...
 
     def run_summary(self, name: str) -> RunSummary | None: ...
 

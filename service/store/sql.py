@@ -101,9 +101,9 @@ class SqlStore:
         with transaction(self.engine, write=False) as conn:
             return load_run(conn, name=name)
 
-    def list_runs(self) -> list[RunSummary]:
+    def list_runs(self, after: str | None = None, limit: int | None = None) -> list[RunSummary]:
         with transaction(self.engine, write=False) as conn:
-            return sql_query.summaries(conn, load_runs(conn))
+            return sql_query.summaries(conn, load_runs(conn, after, limit))
 
     def run_summary(self, name: str) -> RunSummary | None:
         with transaction(self.engine, write=False) as conn:

@@ -61,14 +61,16 @@ def finalised_since(
     return [_record(conn, run, row, False) for row in conn.execute(stmt)]
 
 
-def _status_counts(conn: Connection) -> dict[int, dict[str, tuple[int, int, int | None]]]:
-    """Per run and status: number of steps, missing ranks summed, highest step."""
+def _status_counts(
+    conn: Connection, run_ids: list[int] | None = None
+) -> dict[int, dict[str, tuple[int, int, int | None]]]:
+    """Per run (of ``run_ids``, None: all) and status: number of steps, missing ranks
+    summed, highest step."""
     c = STEPS.c
-    rows = conn.execute(
-        select(
-            c.run_id, c.status, func.count(), func.sum(c.missing_ranks), func.max(c.step)
-        ).group_by(c.run_id, c.status)
-    )
+    stmt = select(c.run_id, c.status, func.count(), func.sum(c.missing_ranks), func.max(c.step))
+    if run_ids is not None:
+        stmt = stmt.where(c.run_id.in_(run_ids))
+    rows = conn.execute(stmt.group_by(c.run_id, c.status))
     out: dict[int, dict[str, tuple[int, int, int | None]]] = defaultdict(dict)
     for run_id, status, n, missing, top in rows:
         out[run_id][status] = (n, int(missing or 0), top)
@@ -80,13 +82,27 @@ def _last_final(counts: dict[str, tuple[int, int, int | None]]) -> int | None:
     return max(tops) if tops else None  # type: ignore[type-var]
 
 
+def _last_finalised_at(conn: Connection, run_ids: list[int]) -> dict[int, float]:
+    """When each run last finalised a step (``ix_steps_run_finalised``)."""
+    c = STEPS.c
+    stmt = select(c.run_id, func.max(c.finalised_at)).where(c.run_id.in_(run_ids))
+    rows = conn.execute(stmt.group_by(c.run_id))
+    return {run_id: at for run_id, at in rows if at is not None}
+
+
 def summaries(conn: Connection, runs: list[RunRecord]) -> list[RunSummary]:
-    counts = _status_counts(conn)
+    ids = [run.id for run in runs]
+    counts = _status_counts(conn, ids) if ids else {}
+    last_at = _last_finalised_at(conn, ids) if ids else {}
     out = []
     for run in runs:
         mine = counts.get(run.id, {})
         n = {s.value: mine.get(s.value, (0, 0, None))[0] for s in StepStatus}
-        out.append(RunSummary(run, _last_final(mine), n["open"], n["complete"], n["partial"]))
+        out.append(
+            RunSummary(
+                run, _last_final(mine), n["open"], n["complete"], n["partial"], last_at.get(run.id)
+            )
+        )
     return out
 
 

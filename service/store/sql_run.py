@@ -35,8 +35,14 @@ def load_run(
     return _record(row, _columns(conn, [row.id])[row.id])
 
 
-def load_runs(conn: Connection) -> list[RunRecord]:
-    rows = conn.execute(select(RUNS).order_by(RUNS.c.name)).all()
+def load_runs(
+    conn: Connection, after: str | None = None, limit: int | None = None
+) -> list[RunRecord]:
+    """Runs in name order, named after ``after`` (None: from the first), ``limit`` at most."""
+    stmt = select(RUNS).order_by(RUNS.c.name)
+    if after is not None:
+        stmt = stmt.where(RUNS.c.name > after)
+    rows = conn.execute(stmt.limit(limit)).all()
     columns = _columns(conn, [r.id for r in rows])
     return [_record(r, columns[r.id]) for r in rows]
 

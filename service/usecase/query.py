@@ -14,7 +14,7 @@ from typing import Any
 from steptally.client.wire import encode_number
 from steptally.service.domain.finalise import StepResult, ValueState, evaluate
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord
+from steptally.service.domain.run import RunRecord, is_run_name
 from steptally.service.errors import InvalidPayload, UnknownMetric, UnknownRun, UnknownStep
 from steptally.service.store.base import RunSummary, StepRecord, Store
 
@@ -37,6 +37,7 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         "step_timeout_s": run.step_timeout_s,
         "created_at": timestamp(run.created_at),
         "last_finalised_step": summary.last_finalised_step,
+        "last_finalised_at": timestamp(summary.last_finalised_at),
         "steps": {"open": summary.open, "complete": summary.complete, "partial": summary.partial},
     }
 
@@ -48,8 +49,19 @@ def get_run(store: Store, name: str) -> dict[str, Any]:
     return run_json(summary)
 
 
-def list_runs(store: Store) -> dict[str, Any]:
-    return {"runs": [run_json(s) for s in store.list_runs()]}
+def list_runs(store: Store, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+    """A page of runs in name order; ``cursor`` is an earlier page's ``next_cursor``."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidPayload(f"limit must be from 1 to {MAX_PAGE}", "limit")
+    if cursor is not None and not is_run_name(cursor):
+        raise InvalidPayload("cursor must be a next_cursor from an earlier page", "cursor")
+    summaries = store.list_runs(cursor, limit + 1)
+    more = len(summaries) > limit
+    page = summaries[:limit]
+    return {
+        "runs": [run_json(s) for s in page],
+        "next_cursor": page[-1].run.name if more else None,
+    }
 
 
 def _metric(result: StepResult, name: str) -> dict[str, Any]:

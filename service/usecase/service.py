@@ -48,8 +48,8 @@ class Service:
     def get_run(self, name: str) -> dict[str, Any]:
         return query.get_run(self.store, name)
 
-    def list_runs(self) -> dict[str, Any]:
-        return query.list_runs(self.store)
+    def list_runs(self, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        return query.list_runs(self.store, limit, cursor)
 
     def get_step(self, run: str, step: int) -> dict[str, Any]:
         return query.get_step(self.store, self.runs.get(run, refresh=True), step)

@@ -76,6 +76,39 @@ def test_list_and_get_runs(api: Api) -> None:
     assert a["steps"] == {"open": 0, "complete": 1, "partial": 0}
     assert a["step_timeout_s"] == 60.0
     assert a["created_at"].endswith("+00:00")
+    assert a["last_finalised_at"] == "1970-01-12T13:46:40+00:00"  # the test clock's now
+    assert api.client.get("/v1/runs/b").json()["last_finalised_at"] is None
+
+
+def test_runs_come_in_pages_by_name(api: Api) -> None:
+    names = ["m", "b", "z.9", "a-1", "q", "A"]
+    for name in names:
+        api.register(name=name)
+    seen, cursor, pages = [], None, 0
+    while True:
+        params: dict[str, Any] = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = api.client.get("/v1/runs", params=params).json()
+        seen += [r["name"] for r in page["runs"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert (seen, pages) == (sorted(names), 3)
+    whole = api.client.get("/v1/runs").json()
+    assert ([r["name"] for r in whole["runs"]], whole["next_cursor"]) == (sorted(names), None)
+    last = api.client.get("/v1/runs", params={"limit": 5}).json()
+    assert last["next_cursor"] == sorted(names)[4]
+    for params, where in (
+        ({"limit": 0}, "limit"),
+        ({"limit": 1001}, "limit"),
+        ({"cursor": "/"}, "cursor"),
+    ):
+        bad = api.client.get("/v1/runs", params=params)
+        assert bad.status_code == 422
+        assert (bad.json()["error"]["code"], bad.json()["error"]["where"]) == (
+            "invalid_payload",
+            where,
+        )
 
 
 def test_unknown_run_is_404_everywhere(api: Api) -> None:

@@ -1,0 +1,48 @@
+"""``/docs``: Swagger UI served from the package, so it works without the internet.
+
+The Swagger UI files (``swagger-ui-dist``, Apache-2.0, its LICENSE and NOTICE beside
+them in ``swagger/``) are vendored unchanged; ``/docs`` is FastAPI's own Swagger
+page pointed at them, and ``/docs/assets/{name}`` serves them with a long cache
+lifetime (a new version of the files comes with a new release of the service).
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from starlette.responses import HTMLResponse, Response
+
+from steptally.service.errors import NotFound
+
+router = APIRouter(include_in_schema=False)
+
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon-32x32.png": "image/png",
+}
+CACHE = "public, max-age=86400"
+_FOLDER = files("steptally.service.api") / "swagger"
+
+
+@router.get("/docs")
+def swagger_ui(request: Request) -> HTMLResponse:
+    app = request.app
+    return get_swagger_ui_html(
+        openapi_url=app.openapi_url,
+        title=f"{app.title} — API",
+        swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+        swagger_css_url="/docs/assets/swagger-ui.css",
+        swagger_favicon_url="/docs/assets/favicon-32x32.png",
+    )
+
+
+@router.get("/docs/assets/{name}")
+def swagger_asset(name: str) -> Response:
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise NotFound(f"/docs has no asset {name!r}")
+    body = (_FOLDER / name).read_bytes()
+    return Response(body, media_type=media_type, headers={"Cache-Control": CACHE})

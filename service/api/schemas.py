@@ -1,0 +1,137 @@
+"""The JSON answers of the REST API as pydantic models: what ``/openapi.json`` documents.
+
+The routes build their answers as plain dicts and send them with orjson
+(:class:`~steptally.service.api.response.JsonResponse`), so FastAPI documents these
+models but does not re-validate every answer on the way out (the ingest path stays
+as fast as before, and a series of 100,000 values is not walked twice); the tests
+validate real answers against them. A number that is not finite travels as the
+string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, hence ``float | str``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Number = float | Literal["NaN", "Infinity", "-Infinity"]
+Status = Literal["open", "complete", "partial"]
+FinalStatus = Literal["complete", "partial"]
+ResponseDocs = dict[int | str, dict[str, Any]]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="machine-readable, e.g. unknown_run")
+    message: str = Field(description="a sentence a person can act on")
+    where: str | None = Field(description="the offending item, e.g. fragments[3].values.loss")
+
+
+class ErrorAnswer(_Answer):
+    """Every non-2xx answer."""
+
+    error: ErrorDetail
+
+
+class StepCounts(_Answer):
+    open: int
+    complete: int
+    partial: int
+
+
+class RunAnswer(_Answer):
+    name: str
+    world_size: int
+    metrics: dict[str, Literal["sum", "count", "min", "max"]]
+    derived: dict[str, str]
+    guards: dict[str, str]
+    step_timeout_s: float
+    created_at: str | None
+    last_finalised_step: int | None
+    last_finalised_at: str | None = Field(description="when the latest finalisation happened")
+    steps: StepCounts
+
+
+class RunPage(_Answer):
+    runs: list[RunAnswer]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null: done")
+
+
+class MetricValue(_Answer):
+    value: Number | None = Field(description="null when undefined; see reason")
+    reason: str | None
+    kind: str | None
+    values: int = Field(description="how many values contributed")
+    non_finite: int
+
+
+class FragmentCounts(_Answer):
+    received: int
+    expected: int | None
+
+
+class StepAnswer(_Answer):
+    run: str
+    step: int
+    status: Status
+    revision: int = Field(description="0 while open, +1 at each finalisation")
+    world_size: int
+    ranks_committed: list[int]
+    ranks_missing: list[int]
+    ranks_late: list[int] = Field(description="committed only after a partial finalisation")
+    fragments: FragmentCounts
+    missing_fragments: dict[str, int]
+    metrics: dict[str, MetricValue]
+    first_seen_at: str | None
+    finalised_at: str | None
+
+
+class StepPage(_Answer):
+    steps: list[StepAnswer]
+    next_cursor: str | None
+
+
+class SeriesAnswer(_Answer):
+    metric: str
+    kind: Literal["sum", "count", "min", "max", "derived"]
+    total: int = Field(description="finalised steps in the range")
+    downsampled: bool
+    steps: list[int]
+    values: list[Number | None]
+    status: list[FinalStatus]
+    revision: list[int]
+
+
+class Finalised(_Answer):
+    step: int
+    status: FinalStatus
+    revision: int
+
+
+class IngestAnswer(_Answer):
+    accepted: int
+    duplicates: int
+    commits: int
+    finalised: list[Finalised]
+
+
+class HealthAnswer(_Answer):
+    status: Literal["ok", "ready"]
+
+
+def errors(*statuses: int, also: ResponseDocs | None = None) -> ResponseDocs:
+    """The ``responses=`` of a route: each status answered with :class:`ErrorAnswer`,
+    and the answers ``also`` documents."""
+    described = {
+        400: "the body is not JSON, or its encoding is not supported",
+        404: "no such run or step",
+        409: "conflicts with what is stored",
+        413: "the body is too large",
+        422: "invalid parameters or payload",
+        503: "the database does not answer",
+    }
+    out: ResponseDocs = {s: {"model": ErrorAnswer, "description": described[s]} for s in statuses}
+    return {**out, **(also or {})}
