@@ -3,8 +3,9 @@
     .venv/bin/python tests/browser/readme_screenshots.py [--out docs/screenshots]
 
 Serves a fresh SQLite database on a free port, plays two demo runs into it with
-``steptally demo``, and saves the runs list and the run page (with one revised step's
-detail open) as PNGs, seen by headless Chromium at 1440 × 1000.
+``steptally demo`` and a small run with two partial steps over REST, and saves the
+runs list and the run page (one revised step's detail open) as PNGs, seen by
+headless Chromium 1440 px wide.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -38,6 +40,29 @@ def play(url: str, run: str, ranks: int, steps: int) -> None:
     subprocess.run(command, check=True, capture_output=True, timeout=600)
 
 
+def play_rest(url: str, run: str, steps: int, missing: set[int]) -> None:
+    """A 4-rank run over plain REST whose rank 3 never commits the ``missing`` steps."""
+    spec = {"ratio_num": "sum", "actor_tokens": "count", "ratio_max": "max"}
+    body = {"name": run, "world_size": 4, "metrics": spec, "step_timeout_s": 0.5}
+    body["derived"] = {"probs_ratio": "ratio_num / actor_tokens"}
+    with httpx.Client(base_url=url) as http:
+        http.post("/v1/runs", json=body).raise_for_status()
+        sent = [(s, r) for s in range(steps) for r in range(4) if not (s in missing and r == 3)]
+        values = [
+            {"ratio_num": 1 + s / 100 + r / 7, "actor_tokens": 1, "ratio_max": 1.2 + r}
+            for s, r in sent
+        ]
+        fragments = [
+            {"step": s, "rank": r, "seq": 0, "values": v}
+            for (s, r), v in zip(sent, values, strict=True)
+        ]
+        commits = [{"step": s, "rank": r, "fragments": 1} for s, r in sent]
+        answer = http.post(
+            f"/v1/runs/{run}/fragments", json={"fragments": fragments, "commits": commits}
+        )
+        answer.raise_for_status()
+
+
 def revised_step(url: str, run: str) -> int:
     """A step re-finalised after a late rank, to show in the detail panel."""
     steps = httpx.get(f"{url}/v1/runs/{run}/steps", params={"limit": 1000}).json()["steps"]
@@ -56,7 +81,9 @@ def shoot(url: str, out: Path) -> None:
         page = browser.new_page(viewport={"width": 1440, "height": 1000}, base_url=url)
         page.goto("/")
         settle(page, "body[data-state=ready]")
+        page.set_viewport_size({"width": 1440, "height": 300})
         page.screenshot(path=str(out / "runs-list.png"))
+        page.set_viewport_size({"width": 1440, "height": 1000})
         step = revised_step(url, primary)
         page.goto(f"/runs/{primary}?overlay={overlay}&step={step}")
         settle(page, "#detail[data-state=ready]")
@@ -76,6 +103,8 @@ def main() -> None:
         with EmbeddedServer(settings) as server:
             for run, ranks in RUNS.items():
                 play(server.url, run, ranks, args.steps)
+            play_rest(server.url, "eval-sweep-4-ranks", 40, missing={17, 31})
+            time.sleep(1.5)  # past its step timeout: the sweeper finalises both partial
             shoot(server.url, args.out)
     print(f"saved {args.out / 'runs-list.png'} and {args.out / 'run-page.png'}")
 
