@@ -250,3 +250,24 @@ def test_the_url_chooses_the_metrics_and_the_picker_writes_them(page: Page, seed
     page.locator("#metrics-all").click()
     expect(cards).to_have_count(4)
     expect(page).to_have_url("/runs/picky")
+
+
+def test_many_flagged_steps_take_their_ranks_from_one_page_of_steps(
+    page: Page, seed: Seeder
+) -> None:
+    seed.run("flaggy", 3, **SPEC, step_timeout_s=0.2)
+    partial = list(range(2, 20, 2))
+    sent = [(s, r) for s in range(20) for r in range(3) if not (s in partial and r == 2)]
+    seed.post(
+        "flaggy",
+        [{"step": s, "rank": r, "seq": 0, "values": wave(s, r)} for s, r in sent],
+        [{"step": s, "rank": r, "fragments": 1} for s, r in sent],
+    )
+    seed.wait_for_status("flaggy", partial[-1], "partial")
+    step_requests: list[str] = []
+    page.on("request", lambda r: "/steps" in r.url and step_requests.append(r.url))
+    page.goto("/runs/flaggy")
+    expect(page.locator("#heatmap")).to_have_attribute("data-state", "ready")
+    states = page.evaluate("[...Array(20).keys()].map((s) => steptally.heatmap.cellState(s, 2))")
+    assert states == ["missing" if s in partial else "committed" for s in range(20)]
+    assert len(step_requests) == 1 and "/v1/runs/flaggy/steps?" in step_requests[0]

@@ -3,11 +3,12 @@
 // finalisation) and which are still missing. Wide ranges are bucketed by pixel column,
 // each cell showing the worst state of its steps.
 
-import { getSeries, getStep } from "./api.js";
+import { getSeries, getStep, listSteps } from "./api.js";
 
 const COLOURS = { committed: "#b9dfc6", late: "#f59e0b", missing: "#dc2626", none: "#eef0f3" };
 const RANK = { committed: 0, late: 1, missing: 2 };
 const DETAIL_LIMIT = 300; // flagged steps whose ranks are fetched one by one
+const PAGE = 1000; // a range this short comes in one page of /steps instead
 const GUTTER = 34; // px left of the cells, for the rank labels
 
 export class Heatmap {
@@ -43,8 +44,20 @@ export class Heatmap {
     });
     this.draw();
     const flagged = series.steps.filter((s, i) => series.status[i] === "partial" || series.revision[i] > 1);
-    await this.fetchRanks(flagged.slice(-DETAIL_LIMIT));
+    if (flagged.length > 6 && series.total <= PAGE) await this.fetchPage(view);
+    else await this.fetchRanks(flagged.slice(-DETAIL_LIMIT));
     if (token === this.loads) this.canvas.dataset.state = "ready";
+  }
+
+  async fetchPage(view) {
+    const params = { start: view.start, end: view.end, metric: this.page.firstMetric, limit: PAGE };
+    try {
+      const page = await listSteps(this.page.run, params);
+      for (const step of page.steps) if (step.status !== "open") this.apply(step, false);
+    } catch {
+      /* the cells keep their status colours */
+    }
+    this.draw();
   }
 
   async fetchRanks(steps) {
