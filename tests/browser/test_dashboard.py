@@ -271,3 +271,23 @@ def test_many_flagged_steps_take_their_ranks_from_one_page_of_steps(
     states = page.evaluate("[...Array(20).keys()].map((s) => steptally.heatmap.cellState(s, 2))")
     assert states == ["missing" if s in partial else "committed" for s in range(20)]
     assert len(step_requests) == 1 and "/v1/runs/flaggy/steps?" in step_requests[0]
+
+
+def test_runs_list_pages_through_every_run_with_next_cursor(page: Page, seed: Seeder) -> None:
+    for name in ("paged-a", "paged-b", "paged-c"):
+        seed.run(name, 1, **SPEC)
+    every = [r["name"] for r in seed.http.get("/v1/runs", params={"limit": 1000}).json()["runs"]]
+    seen: list[str] = []
+    page.goto("/?limit=2")
+    while True:
+        expect(page.locator("body")).to_have_attribute("data-state", "ready")
+        rows = page.locator("#runs tbody tr").evaluate_all("(rs) => rs.map((r) => r.dataset.run)")
+        assert 1 <= len(rows) <= 2
+        seen += rows
+        following = page.locator("#page-next")
+        if following.is_hidden():
+            break
+        following.click()
+        expect(page).to_have_url(re.compile(r"/\?limit=2&cursor="))
+    assert seen == every
+    assert {"paged-a", "paged-b", "paged-c"} <= set(seen)
