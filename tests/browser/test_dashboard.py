@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser.page_state import FIRST_OVERLAY, PARTIAL_MARKERS, column, marked_steps
+from browser.page_state import (
+    FIRST_OVERLAY,
+    NON_FINITE_MARKERS,
+    PARTIAL_MARKERS,
+    column,
+    marked_steps,
+)
 from browser.seeding import SPEC, Seeder, wave
 from playwright.sync_api import Page, expect
 
@@ -230,6 +236,9 @@ def test_hover_shows_the_exact_float64_and_non_finite_values_as_text(
     assert hover_step(page, "ratio_max", 1).split() == ["step", "1", "NaN"]
     assert column(page, "ratio_max", 1) == [1.0, None, 1.0]
     assert column(page, "probs_ratio", 1) == [0.15000000000000002, None, 0.5]
+    assert marked_steps(page, "ratio_max", NON_FINITE_MARKERS) == [1]
+    assert marked_steps(page, "probs_ratio", NON_FINITE_MARKERS) == [1]
+    assert marked_steps(page, "ratio_num", NON_FINITE_MARKERS) == []
 
 
 def test_the_url_chooses_the_metrics_and_the_picker_writes_them(page: Page, seed: Seeder) -> None:

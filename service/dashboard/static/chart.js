@@ -119,6 +119,7 @@ export class MetricChart {
         { label: this.page.run, stroke: PRIMARY, width: 1.5, points: { size: 3.5, fill: PRIMARY } },
         markers("partial", "#f59e0b", "#92400e", 8),
         markers("revised", "#ffffff", "#7c3aed", 9),
+        markers("non-finite", "#dc2626", "#7f1d1d", 7),
         ...overlays,
       ],
       hooks: {

@@ -43,6 +43,7 @@ class RunPage {
     this.heatmap.load();
     if (this.state.step !== null) this.detail.show(this.state.step);
     window.addEventListener("resize", () => this.resized());
+    document.addEventListener("keydown", (e) => e.key === "Escape" && this.state.step !== null && this.close());
   }
 
   summarise(info) {
@@ -50,7 +51,7 @@ class RunPage {
     const last = info.last_finalised_step;
     const at = info.last_finalised_at ? ` ${when(info.last_finalised_at)}` : "";
     $("run-summary").textContent =
-      `${info.world_size} ranks · ${integer(s.complete)} complete · ${integer(s.partial)} partial · ${integer(s.open)} open` +
+      `${info.world_size} ${info.world_size === 1 ? "rank" : "ranks"} · ${integer(s.complete)} complete · ${integer(s.partial)} partial · ${integer(s.open)} open` +
       (last === null ? "" : ` · last step ${integer(last)}${at}`);
   }
 

@@ -54,7 +54,9 @@ export class RunSeries {
   }
 }
 
-// uPlot columns: x, the primary line, its partial and revised markers, one line per overlay.
+// uPlot columns: x, the primary line, its partial, revised and non-finite markers, then one
+// line per overlay. A NaN, infinite or undefined value is a gap in the line and a marker
+// along the top of the run's finite range, so it is seen, never silently dropped.
 export function alignedColumns(primary, overlays) {
   const runs = [primary, ...overlays];
   const xs = overlays.length ? union(runs.map((r) => r.steps)) : primary.steps.slice();
@@ -69,13 +71,25 @@ export function alignedColumns(primary, overlays) {
   const line = (s, i) => plottable(s.values[i]);
   const partial = (s, i) => (s.status[i] === "partial" ? plottable(s.values[i]) : undefined);
   const revised = (s, i) => (s.revision[i] > 1 ? plottable(s.values[i]) : undefined);
+  const top = ceiling(primary.values);
+  const nonFinite = (s, i) => (plottable(s.values[i]) === null ? top : undefined);
   return [
     xs,
     column(primary, line),
     column(primary, partial),
     column(primary, revised),
+    column(primary, nonFinite),
     ...overlays.map((o) => column(o, line)),
   ];
+}
+
+function ceiling(values) {
+  let top = null;
+  for (const v of values) {
+    const y = plottable(v);
+    if (y !== null && (top === null || y > top)) top = y;
+  }
+  return top ?? 0;
 }
 
 function union(lists) {
