@@ -10,7 +10,10 @@ export const OVERLAY_COLOURS = ["#0f9d8a", "#c2378f", "#8c6d31", "#5f6b7a", "#4c
 const translucent = (hex) => `${hex}b3`; // overlays never hide the run itself
 const PLOT_HEIGHT = 184;
 // x ticks fall on whole steps: 1, 2, 5, 10, 20, 50, …
-const STEP_INCREMENTS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
+const STEP_INCREMENTS = Array.from(
+  { length: 30 },
+  (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3),
+);
 
 export class MetricChart {
   // page: {run, view(), select(step), zoom(start, end)}
@@ -29,7 +32,14 @@ export class MetricChart {
     this.card = el(
       "section",
       { class: "card", dataset: { metric, state: "idle" } },
-      el("div", { class: "card-head" }, el("h3", {}, metric), el("span", { class: "sub", title: subtitle }, subtitle), el("span", { style: "flex:1" }), this.readout),
+      el(
+        "div",
+        { class: "card-head" },
+        el("h3", {}, metric),
+        el("span", { class: "sub", title: subtitle }, subtitle),
+        el("span", { style: "flex:1" }),
+        this.readout,
+      ),
       this.plot,
       this.foot,
     );
@@ -69,7 +79,12 @@ export class MetricChart {
 
   async loadOverlays(runs, range) {
     const loaded = await Promise.all(
-      runs.map((run) => getSeries(run, this.metric, range).then((b) => new RunSeries(run, b), () => null)),
+      runs.map((run) =>
+        getSeries(run, this.metric, range).then(
+          (b) => new RunSeries(run, b),
+          () => null,
+        ),
+      ),
     );
     return loaded.filter(Boolean);
   }
@@ -89,7 +104,11 @@ export class MetricChart {
     const p = this.primary;
     const partial = p.status.filter((s) => s === "partial").length;
     const revised = p.revision.filter((r) => r > 1).length;
-    const parts = [p.downsampled ? `${integer(p.steps.length)} of ${integer(p.total)} steps (min/max per bucket)` : `${integer(p.total)} steps`];
+    const parts = [
+      p.downsampled
+        ? `${integer(p.steps.length)} of ${integer(p.total)} steps (min/max per bucket)`
+        : `${integer(p.total)} steps`,
+    ];
     if (partial) parts.push(`${partial} partial`);
     if (revised) parts.push(`${revised} revised`);
     const missing = this.page.view().overlay.filter((r) => !this.overlays.some((o) => o.run === r));
@@ -99,20 +118,44 @@ export class MetricChart {
 
   options() {
     const markers = (label, fill, stroke, size) => ({
-      label, stroke, fill, paths: () => null, points: { show: true, size, width: 1.5, stroke, fill },
+      label,
+      stroke,
+      fill,
+      paths: () => null,
+      points: { show: true, size, width: 1.5, stroke, fill },
     });
     const overlays = this.overlays.map((o, i) => ({
-      label: o.run, stroke: translucent(OVERLAY_COLOURS[i % OVERLAY_COLOURS.length]), width: 1.25, points: { size: 3 },
+      label: o.run,
+      stroke: translucent(OVERLAY_COLOURS[i % OVERLAY_COLOURS.length]),
+      width: 1.25,
+      points: { size: 3 },
     }));
     return {
       width: this.width(),
       height: PLOT_HEIGHT,
       legend: { show: false },
-      cursor: { sync: { key: "steps" }, drag: { x: true, y: false, setScale: false }, points: { size: 7 } },
+      cursor: {
+        sync: { key: "steps" },
+        drag: { x: true, y: false, setScale: false },
+        points: { size: 7 },
+      },
       scales: { x: { time: false, range: (u, lo, hi) => this.xRange(this.page.view(), lo, hi) } },
       axes: [
-        { stroke: "#656d76", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e1e4e8" }, values: (u, ts) => ts.map((t) => integer(t)), space: 60, incrs: STEP_INCREMENTS },
-        { stroke: "#656d76", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e1e4e8" }, values: (u, ts) => ts.map(tick), size: 62 },
+        {
+          stroke: "#656d76",
+          grid: { stroke: "#eef0f3" },
+          ticks: { stroke: "#e1e4e8" },
+          values: (u, ts) => ts.map((t) => integer(t)),
+          space: 60,
+          incrs: STEP_INCREMENTS,
+        },
+        {
+          stroke: "#656d76",
+          grid: { stroke: "#eef0f3" },
+          ticks: { stroke: "#e1e4e8" },
+          values: (u, ts) => ts.map(tick),
+          size: 62,
+        },
       ],
       series: [
         { label: "step" },
@@ -152,7 +195,10 @@ export class MetricChart {
     this.overlays.forEach((o, k) => {
       const p = o.at(step);
       const colour = OVERLAY_COLOURS[k % OVERLAY_COLOURS.length];
-      this.readout.append(el("i", { class: "sw", style: `background:${colour}`, title: o.run }), p ? exact(p.value) : "–");
+      this.readout.append(
+        el("i", { class: "sw", style: `background:${colour}`, title: o.run }),
+        p ? exact(p.value) : "–",
+      );
     });
   }
 
@@ -184,7 +230,11 @@ export class MetricChart {
     }
     if (!this.primary) return;
     const view = this.page.view();
-    if ((view.start !== null && step.step < view.start) || (view.end !== null && step.step > view.end)) return;
+    if (
+      (view.start !== null && step.step < view.start) ||
+      (view.end !== null && step.step > view.end)
+    )
+      return;
     const metric = step.metrics?.[this.metric];
     if (!metric) return;
     const changed = this.primary.upsert(step.step, metric.value, step.status, step.revision);

@@ -21,7 +21,10 @@ export class StepDetail {
       if (this.step === step) this.render(body);
     } catch (error) {
       if (this.step !== step) return;
-      this.panel.replaceChildren(this.head(`Step ${step}`), el("p", { class: "empty" }, error.message));
+      this.panel.replaceChildren(
+        this.head(`Step ${step}`),
+        el("p", { class: "empty" }, error.message),
+      );
       this.panel.dataset.state = "error";
     }
   }
@@ -39,7 +42,8 @@ export class StepDetail {
 
   head(title, status) {
     return el(
-      "div", { class: "panel-head" },
+      "div",
+      { class: "panel-head" },
       el("h2", {}, title),
       status ? el("span", { class: `badge ${status}`, id: "detail-status" }, status) : null,
       el("button", { type: "button", title: "close", onclick: () => this.page.close() }, "×"),
@@ -49,19 +53,42 @@ export class StepDetail {
   render(s) {
     const late = s.ranks_late ?? [];
     const facts = el(
-      "dl", { class: "facts" },
-      el("dt", {}, "revision"), el("dd", { id: "detail-revision" }, String(s.revision)),
-      el("dt", {}, "ranks committed"), el("dd", {}, `${s.ranks_committed.length} of ${s.world_size}`),
-      el("dt", {}, "ranks missing"), el("dd", { id: "detail-missing", class: s.ranks_missing.length ? "rank-missing" : "" }, s.ranks_missing.join(", ") || "none"),
-      el("dt", {}, "ranks late"), el("dd", { id: "detail-late", class: late.length ? "rank-late" : "" }, late.join(", ") || "none"),
-      el("dt", {}, "fragments"), el("dd", {}, `${integer(s.fragments.received)} received${s.fragments.expected === null ? "" : ` of ${integer(s.fragments.expected)}`}`),
-      el("dt", {}, "first seen"), el("dd", { title: s.first_seen_at ?? "" }, instant(s.first_seen_at) ?? "–"),
-      el("dt", {}, "finalised"), el("dd", { title: s.finalised_at ?? "" }, instant(s.finalised_at) ?? "not yet"),
+      "dl",
+      { class: "facts" },
+      el("dt", {}, "revision"),
+      el("dd", { id: "detail-revision" }, String(s.revision)),
+      el("dt", {}, "ranks committed"),
+      el("dd", {}, `${s.ranks_committed.length} of ${s.world_size}`),
+      el("dt", {}, "ranks missing"),
+      el(
+        "dd",
+        { id: "detail-missing", class: s.ranks_missing.length ? "rank-missing" : "" },
+        s.ranks_missing.join(", ") || "none",
+      ),
+      el("dt", {}, "ranks late"),
+      el(
+        "dd",
+        { id: "detail-late", class: late.length ? "rank-late" : "" },
+        late.join(", ") || "none",
+      ),
+      el("dt", {}, "fragments"),
+      el(
+        "dd",
+        {},
+        `${integer(s.fragments.received)} received${s.fragments.expected === null ? "" : ` of ${integer(s.fragments.expected)}`}`,
+      ),
+      el("dt", {}, "first seen"),
+      el("dd", { title: s.first_seen_at ?? "" }, instant(s.first_seen_at) ?? "–"),
+      el("dt", {}, "finalised"),
+      el("dd", { title: s.finalised_at ?? "" }, instant(s.finalised_at) ?? "not yet"),
     );
     this.panel.replaceChildren(
-      this.head(`Step ${s.step}`, s.status), facts,
-      el("h4", {}, "Values"), this.values(s),
-      el("h4", {}, "Ranks"), this.ranks(s),
+      this.head(`Step ${s.step}`, s.status),
+      facts,
+      el("h4", {}, "Values"),
+      this.values(s),
+      el("h4", {}, "Ranks"),
+      this.ranks(s),
     );
     this.panel.dataset.state = "ready";
     this.panel.dataset.revision = String(s.revision);
@@ -73,15 +100,36 @@ export class StepDetail {
     const rows = [...known, ...others].map((name) => {
       const m = s.metrics[name];
       return el(
-        "tr", { dataset: { metric: name } },
-        el("td", { class: "mono", title: `${name} (${m.kind ?? "no value"})` }, name, el("span", { class: "kind" }, m.kind ?? "")),
+        "tr",
+        { dataset: { metric: name } },
+        el(
+          "td",
+          { class: "mono", title: `${name} (${m.kind ?? "no value"})` },
+          name,
+          el("span", { class: "kind" }, m.kind ?? ""),
+        ),
         el("td", { class: "value", title: m.reason ?? "" }, exact(m.value)),
-        el("td", { class: "num muted", title: "fragments with a value · non-finite" }, m.kind === "derived" ? "" : `${m.values}${m.non_finite ? ` · ${m.non_finite} nf` : ""}`),
+        el(
+          "td",
+          { class: "num muted", title: "fragments with a value · non-finite" },
+          m.kind === "derived" ? "" : `${m.values}${m.non_finite ? ` · ${m.non_finite} nf` : ""}`,
+        ),
       );
     });
     return el(
-      "table", { class: "grid", id: "detail-values" },
-      el("thead", {}, el("tr", {}, el("th", {}, "metric"), el("th", { class: "num" }, "value"), el("th", { class: "num" }, "n"))),
+      "table",
+      { class: "grid", id: "detail-values" },
+      el(
+        "thead",
+        {},
+        el(
+          "tr",
+          {},
+          el("th", {}, "metric"),
+          el("th", { class: "num" }, "value"),
+          el("th", { class: "num" }, "n"),
+        ),
+      ),
       el("tbody", {}, rows),
     );
   }
@@ -93,15 +141,27 @@ export class StepDetail {
       const state = missing.has(r) ? "missing" : late.has(r) ? "late" : "committed";
       const owed = s.missing_fragments?.[String(r)];
       return el(
-        "tr", { dataset: { rank: String(r), state } },
+        "tr",
+        { dataset: { rank: String(r), state } },
         el("td", { class: "num" }, String(r)),
         el("td", { class: state === "committed" ? "" : `rank-${state}` }, state),
         el("td", { class: "num muted" }, owed ? `${owed} fragments missing` : ""),
       );
     });
     return el(
-      "table", { class: "grid", id: "detail-ranks" },
-      el("thead", {}, el("tr", {}, el("th", { class: "num" }, "rank"), el("th", {}, "state"), el("th", { class: "num" }, "fragments"))),
+      "table",
+      { class: "grid", id: "detail-ranks" },
+      el(
+        "thead",
+        {},
+        el(
+          "tr",
+          {},
+          el("th", { class: "num" }, "rank"),
+          el("th", {}, "state"),
+          el("th", { class: "num" }, "fragments"),
+        ),
+      ),
       el("tbody", {}, rows),
     );
   }

@@ -35,15 +35,27 @@ export class Heatmap {
       return this.draw();
     }
     const points = Math.max(2, Math.min(10000, 2 * this.cssWidth()));
-    const series = await getSeries(this.page.run, this.page.firstMetric, { start: view.start, end: view.end, points });
+    const series = await getSeries(this.page.run, this.page.firstMetric, {
+      start: view.start,
+      end: view.end,
+      points,
+    });
     if (token !== this.loads) return;
     this.steps.clear();
     this.downsampled = series.downsampled;
     series.steps.forEach((step, i) => {
-      this.steps.set(step, { status: series.status[i], revision: series.revision[i], missing: new Set(), late: new Set(), known: false });
+      this.steps.set(step, {
+        status: series.status[i],
+        revision: series.revision[i],
+        missing: new Set(),
+        late: new Set(),
+        known: false,
+      });
     });
     this.draw();
-    const flagged = series.steps.filter((s, i) => series.status[i] === "partial" || series.revision[i] > 1);
+    const flagged = series.steps.filter(
+      (s, i) => series.status[i] === "partial" || series.revision[i] > 1,
+    );
     if (flagged.length > 6 && series.total <= PAGE) await this.fetchPage(view);
     else await this.fetchRanks(flagged.slice(-DETAIL_LIMIT));
     if (token === this.loads) this.canvas.dataset.state = "ready";
@@ -79,7 +91,11 @@ export class Heatmap {
   // A step object (from GET /steps/{step} or the event stream).
   apply(step, redraw = true) {
     const view = this.page.view();
-    if ((view.start !== null && step.step < view.start) || (view.end !== null && step.step > view.end)) return;
+    if (
+      (view.start !== null && step.step < view.start) ||
+      (view.end !== null && step.step > view.end)
+    )
+      return;
     const old = this.steps.get(step.step);
     if (old && old.revision > step.revision) return;
     this.steps.set(step.step, {
@@ -152,7 +168,10 @@ export class Heatmap {
       }
     }
     this.canvas.dataset.steps = String(this.steps.size);
-    const label = (id, step) => (document.getElementById(id).textContent = this.steps.size ? `step ${step.toLocaleString("en-US")}` : "");
+    const label = (id, step) =>
+      (document.getElementById(id).textContent = this.steps.size
+        ? `step ${step.toLocaleString("en-US")}`
+        : "");
     label("heat-first", g.lo);
     label("heat-last", g.hi);
   }
@@ -163,7 +182,8 @@ export class Heatmap {
     ctx.font = "10px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     const every = Math.ceil(11 / g.rowHeight);
-    for (let r = 0; r < g.ranks; r += every) ctx.fillText(`r${r}`, 2, r * g.rowHeight + g.rowHeight / 2);
+    for (let r = 0; r < g.ranks; r += every)
+      ctx.fillText(`r${r}`, 2, r * g.rowHeight + g.rowHeight / 2);
   }
 
   // [x0, x1, state per rank] for each drawn column (a step, or a bucket of steps).

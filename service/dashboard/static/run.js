@@ -1,12 +1,13 @@
 // The run page: charts per metric (derived means first), the completeness heat map,
 // the step detail panel, overlays, a view held in the URL, and live steps over SSE.
 
-import { allRunNames, getRun, metricOrder } from "./api.js";
-import { MetricChart, OVERLAY_COLOURS, PRIMARY } from "./chart.js";
+import { getRun, metricOrder } from "./api.js";
+import { MetricChart } from "./chart.js";
 import { StepDetail } from "./detail.js";
 import { el, integer, when } from "./format.js";
 import { Heatmap } from "./heatmap.js";
 import { follow } from "./live.js";
+import { MetricPicker, OverlayControl } from "./toolbar.js";
 import { readView, writeView } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
@@ -24,7 +25,11 @@ class RunPage {
   }
 
   async start() {
-    const live = follow(this.run, (s) => this.onStep(s), (state) => this.onLive(state));
+    const live = follow(
+      this.run,
+      (s) => this.onStep(s),
+      (state) => this.onLive(state),
+    );
     const info = await getRun(this.run);
     this.info = info;
     this.worldSize = info.world_size;
@@ -33,8 +38,9 @@ class RunPage {
     this.summarise(info);
     this.heatmap = new Heatmap(this, $("heatmap"), $("heat-readout"));
     this.detail = new StepDetail(this, $("detail"));
-    this.buildPicker();
-    this.buildOverlay();
+    this.picker = new MetricPicker(this);
+    this.overlay = new OverlayControl(this);
+    $("range-reset").addEventListener("click", () => this.zoom(null, null));
     this.buildCharts();
     this.showRange();
     await Promise.race([live, new Promise((r) => setTimeout(r, 2000))]);
@@ -43,7 +49,10 @@ class RunPage {
     this.heatmap.load();
     if (this.state.step !== null) this.detail.show(this.state.step);
     window.addEventListener("resize", () => this.resized());
-    document.addEventListener("keydown", (e) => e.key === "Escape" && this.state.step !== null && this.close());
+    document.addEventListener(
+      "keydown",
+      (e) => e.key === "Escape" && this.state.step !== null && this.close(),
+    );
   }
 
   summarise(info) {
@@ -134,7 +143,9 @@ class RunPage {
   showRange() {
     const { start, end } = this.state;
     const zoomed = start !== null || end !== null;
-    $("range-label").textContent = zoomed ? `steps ${integer(start ?? 0)} – ${end === null ? "latest" : integer(end)}` : "all steps";
+    $("range-label").textContent = zoomed
+      ? `steps ${integer(start ?? 0)} – ${end === null ? "latest" : integer(end)}`
+      : "all steps";
     $("range-reset").hidden = !zoomed;
   }
 
@@ -163,68 +174,16 @@ class RunPage {
     this.heatmap.draw();
   }
 
-  buildPicker() {
-    const list = $("metric-list");
-    const count = () => {
-      const n = this.shownMetrics().length;
-      $("metric-count").textContent = `${n} of ${this.metricOrder.length}`;
-    };
-    const boxes = this.metricOrder.map((name) => {
-      const box = el("input", { type: "checkbox", value: name });
-      box.checked = this.shownMetrics().includes(name);
-      box.addEventListener("change", () => this.chooseMetrics(boxes.filter((b) => b.checked).map((b) => b.value), count));
-      list.append(el("label", { dataset: { metric: name } }, box, name));
-      return box;
-    });
-    $("metric-filter").addEventListener("input", (e) => {
-      const text = e.target.value.toLowerCase();
-      for (const label of list.children) label.hidden = !label.dataset.metric.toLowerCase().includes(text);
-    });
-    $("metrics-all").addEventListener("click", () => {
-      for (const b of boxes) b.checked = true;
-      this.chooseMetrics([], count);
-    });
-    count();
-  }
-
   // An empty choice, or every metric, is the default view: all of them.
-  chooseMetrics(names, count) {
+  chooseMetrics(names) {
     this.state.metrics = names.length === this.metricOrder.length ? [] : names;
     writeView(this.state);
     this.buildCharts();
-    count();
-  }
-
-  buildOverlay() {
-    allRunNames().then((names) => {
-      $("run-names").replaceChildren(...names.filter((n) => n !== this.run).map((n) => el("option", { value: n })));
-    }, () => {});
-    $("overlay-form").addEventListener("submit", (e) => {
-      e.preventDefault();
-      const name = $("overlay-input").value.trim();
-      $("overlay-input").value = "";
-      if (name && name !== this.run && !this.state.overlay.includes(name)) this.setOverlay([...this.state.overlay, name]);
-    });
-    $("range-reset").addEventListener("click", () => this.zoom(null, null));
-    this.showOverlay();
   }
 
   setOverlay(runs) {
     this.state.overlay = runs;
-    this.showOverlay();
     this.reload();
-  }
-
-  showOverlay() {
-    const chips = this.state.overlay.map((name, i) =>
-      el(
-        "span", { class: "chip", dataset: { run: name } },
-        el("i", { style: `background:${OVERLAY_COLOURS[i % OVERLAY_COLOURS.length]}` }), name,
-        el("button", { type: "button", title: `remove ${name}`, onclick: () => this.setOverlay(this.state.overlay.filter((r) => r !== name)) }, "×"),
-      ),
-    );
-    const primary = el("span", { class: "chip primary" }, el("i", { style: `background:${PRIMARY}` }), this.run);
-    $("overlay-chips").replaceChildren(...(chips.length ? [primary, ...chips] : []));
   }
 }
 

@@ -8,16 +8,30 @@ const PAGE_SIZE = 100;
 
 function progress(steps) {
   const total = steps.complete + steps.partial + steps.open;
-  const part = (cls, n) => (n ? el("span", { class: cls, style: `width:${(100 * n) / total}%` }) : null);
-  return el("div", { class: "bar", title: `${steps.complete} complete, ${steps.partial} partial, ${steps.open} open` },
-    part("complete", steps.complete), part("partial", steps.partial), part("open", steps.open));
+  const part = (cls, n) =>
+    n ? el("span", { class: cls, style: `width:${(100 * n) / total}%` }) : null;
+  return el(
+    "div",
+    {
+      class: "bar",
+      title: `${steps.complete} complete, ${steps.partial} partial, ${steps.open} open`,
+    },
+    part("complete", steps.complete),
+    part("partial", steps.partial),
+    part("open", steps.open),
+  );
 }
 
 function row(run) {
   const s = run.steps;
   return el(
-    "tr", { dataset: { run: run.name } },
-    el("td", {}, el("a", { class: "run-link", href: `/runs/${encodeURIComponent(run.name)}` }, run.name)),
+    "tr",
+    { dataset: { run: run.name } },
+    el(
+      "td",
+      {},
+      el("a", { class: "run-link", href: `/runs/${encodeURIComponent(run.name)}` }, run.name),
+    ),
     el("td", { class: "num" }, String(run.world_size)),
     el("td", {}, progress(s)),
     el("td", { class: "num" }, integer(s.complete)),
@@ -41,14 +55,16 @@ async function show() {
   const page = await listRuns(limit, cursor);
   $("runs").tBodies[0].replaceChildren(...page.runs.map(row));
   $("runs-empty").hidden = page.runs.length > 0 || cursor !== null;
-  $("runs-count").textContent = `${page.runs.length} shown${page.next_cursor ? ", more on the next page" : ""}`;
+  $("runs-count").textContent =
+    `${page.runs.length} shown${page.next_cursor ? ", more on the next page" : ""}`;
   const keep = limit === PAGE_SIZE ? "" : `limit=${limit}`;
   const first = $("page-first");
   first.hidden = cursor === null;
   first.href = keep ? `/?${keep}` : "/";
   const next = $("page-next");
   next.hidden = !page.next_cursor;
-  if (page.next_cursor) next.href = `/?${keep ? `${keep}&` : ""}cursor=${encodeURIComponent(page.next_cursor)}`;
+  if (page.next_cursor)
+    next.href = `/?${keep ? `${keep}&` : ""}cursor=${encodeURIComponent(page.next_cursor)}`;
   document.body.dataset.state = "ready";
 }
 

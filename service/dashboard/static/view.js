@@ -2,7 +2,12 @@
 // so that a copied link reproduces what is on screen.
 
 function names(text) {
-  return text ? text.split(",").map((s) => s.trim()).filter(Boolean) : [];
+  return text
+    ? text
+        .split(",")
+        .map((s) => s.trim())
+        .filter(Boolean)
+    : [];
 }
 
 function step(text) {
@@ -24,7 +29,8 @@ export function readView(search = location.search) {
 // The query string of a view; lists keep their commas readable.
 export function viewQuery(view) {
   const parts = [];
-  const list = (key, items) => items.length && parts.push(`${key}=${items.map(encodeURIComponent).join(",")}`);
+  const list = (key, items) =>
+    items.length && parts.push(`${key}=${items.map(encodeURIComponent).join(",")}`);
   const one = (key, value) => value !== null && parts.push(`${key}=${value}`);
   list("metrics", view.metrics);
   one("start", view.start);
