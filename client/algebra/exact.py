@@ -57,6 +57,15 @@ def expansion(acc: int) -> tuple[float, ...]:
     return tuple(terms)
 
 
+def expansion_of(values: Sequence[float]) -> tuple[float, ...]:
+    """The canonical :func:`expansion` of the exact sum of ``values``; with an inf or a
+    NaN among them, their IEEE sum alone."""
+    nonzero = [v for v in values if v]
+    if not all(map(math.isfinite, nonzero)):
+        return (sum(nonzero),)
+    return expansion(_exact_finite_sum(nonzero))
+
+
 def _exact_finite_sum(values: list[float], first: float | None = None) -> int:
     """Exact scaled sum of finite floats, at C speed for the common case.
 

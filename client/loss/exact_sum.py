@@ -16,6 +16,9 @@ bring every limb below the top into ``[-1, 2**32]``, each limb is scaled to an e
 float64, and the limbs are added from the top down, where every addition is exact until
 the partial sum needs more than 53 bits, after which what remains is below one ulp.
 Zeros (padding, masked positions) add nothing; a sum of only ``-0.0`` is ``+0.0``.
+:func:`exact_parts` stops one step earlier: the limbs scaled to float64 parts, each
+exact, which a sum fragment carries to the host so that nothing is rounded before the
+service adds the fragments of a whole step.
 
 The sum is differentiable: its gradient is 1 for every element, as for ``tensor.sum``.
 Non-finite values are data: a row holding an inf or a NaN gives the plain IEEE sum (as
@@ -87,29 +90,59 @@ def _scales(device: torch.device) -> Tensor:
     return torch.where(biased >= 1, biased << 52, 1 << position.clamp(max=52)).view(torch.float64)
 
 
+def to_parts(acc: Tensor) -> Tensor:
+    """Carried ``limbs`` as float64 parts ``[..., LIMBS]``, each exact (a limb below the
+    top has at most 33 bits), whose real sum is the limbs' value: a sum fragment's exact
+    value, which the reporter turns into an expansion on its own thread."""
+    return acc.to(torch.float64) * _scales(acc.device)
+
+
 def read_out(acc: Tensor) -> Tensor:
     """The float64 within one ulp of the exact value of carried ``limbs``."""
-    parts = acc.to(torch.float64) * _scales(acc.device)  # each exact
+    return _add_down(to_parts(acc))
+
+
+def _add_down(parts: Tensor) -> Tensor:
     total = parts[..., -1]
     for j in range(LIMBS - 2, -1, -1):  # top down: exact until a partial needs 54+ bits
         total = total + parts[..., j]
     return total
 
 
-def exact_sum(values: Tensor) -> Tensor:
-    """The float64 within one ulp of the exact sum of ``values`` along its last
-    dimension: the same bits for any arrangement of the same values."""
+def exact_parts(values: Tensor) -> Tensor:
+    """The exact sum of ``values`` along the last dimension as float64 parts ``[...,
+    LIMBS]`` (see :func:`to_parts`), detached. A row holding an inf or a NaN has the plain
+    IEEE sum as its top part and zeros below, so its parts still add up to its sum."""
+    with torch.no_grad():
+        converted = values.detach().to(torch.float64)
+        finite = torch.isfinite(converted).all(-1, keepdim=True)
+        parts = to_parts(limbs(converted))
+        plain = torch.cat([torch.zeros_like(parts[..., :-1]), converted.sum(-1, keepdim=True)], -1)
+        return torch.where(finite, parts, plain)
+
+
+def sum_of_parts(parts: Tensor, values: Tensor) -> Tensor:
+    """The float64 within one ulp of the exact sum whose :func:`exact_parts` are
+    ``parts``, with the gradient of ``values.sum(-1)`` (1 for every element)."""
     converted = values.to(torch.float64)
     plain = converted.sum(-1)  # non-finite data (inf, NaN) decides the result by IEEE rules
-    with torch.no_grad():
-        detached = converted.detach()
-        finite = torch.isfinite(detached).all(-1)
-        exact = read_out(limbs(detached))
+    exact = _add_down(parts)
     if plain.requires_grad:
         # plain - plain.detach() is exactly +0 where finite and carries the gradient (1 per
         # value); the exact sum is never -0, so without a gradient it is left out
         exact = exact + (plain - plain.detach())
+    finite = torch.isfinite(converted.detach()).all(-1)
     return torch.where(finite, exact, plain)
+
+
+def exact_sum(values: Tensor) -> Tensor:
+    """The float64 within one ulp of the exact sum of ``values`` along its last
+    dimension: the same bits for any arrangement of the same values."""
+    return sum_of_parts(exact_parts(values), values)
+
+
+def _stack(rows: Mapping[str, Tensor]) -> Tensor:
+    return torch.stack([row.to(torch.float64) for row in rows.values()])
 
 
 def exact_sums(rows: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -118,5 +151,19 @@ def exact_sums(rows: Mapping[str, Tensor]) -> dict[str, Tensor]:
     the bits it would have alone)."""
     if not rows:
         return {}
-    stacked = torch.stack([row.to(torch.float64) for row in rows.values()])
-    return dict(zip(rows, exact_sum(stacked).unbind(0), strict=True))
+    return dict(zip(rows, exact_sum(_stack(rows)).unbind(0), strict=True))
+
+
+def exact_sums_and_parts(
+    summed: Mapping[str, Tensor], others: Mapping[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """For same-shaped named rows, in one stacked pass: the exact sums (with gradient) of
+    the ``summed`` rows, and the :func:`exact_parts` of every row of both."""
+    rows = {**summed, **others}
+    if not rows:
+        return {}, {}
+    stacked = _stack(rows)
+    parts = exact_parts(stacked)
+    k = len(summed)
+    sums = sum_of_parts(parts[:k], stacked[:k]).unbind(0) if k else ()
+    return dict(zip(summed, sums, strict=True)), dict(zip(rows, parts.unbind(0), strict=True))

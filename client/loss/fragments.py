@@ -1,10 +1,13 @@
 """The fragments of one microbatch: additive numerators, counts and extrema.
 
 Every mean is emitted as a numerator plus the count it divides by, never as a
-per-microbatch mean, so the service divides once over the whole step. Each fragment is a
-0-d float64 tensor on the loss's device; building them needs no host sync (all per-token
-sums, the loss numerators' included, are one
-:func:`~steptally.client.loss.exact_sum.exact_sums` of a stacked ``[K, B·T]`` tensor, all
+per-microbatch mean, so the service divides once over the whole step. Fragments are
+float64 tensors on the loss's device: a ``sum`` fragment is the **exact** sum of its
+terms as ``[LIMBS]`` parts (:func:`~steptally.client.loss.exact_sum.exact_parts`), which
+the reporter turns into a float64 expansion on its own thread, so the fragments of any
+split of a step's tokens over ranks and microbatches add up to the same bits on the
+service; counts and extrema are 0-d. Building them needs no host sync (all per-token
+sums, the loss numerators' included, are one stacked exact pass over ``[K, B·T]``, all
 per-sequence sums another, and the extrema one masked ``amin`` and one ``amax``).
 
 Empty extrema. Which keys a microbatch emits cannot depend on its data without a sync,
@@ -23,8 +26,10 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from steptally.client.algebra.combine import Value
+from steptally.client.algebra.exact import expansion_of
 from steptally.client.loss.config import ClippedPGConfig
-from steptally.client.loss.exact_sum import exact_sums
+from steptally.client.loss.exact_sum import exact_sums_and_parts
 from steptally.client.loss.inputs import LossInputs
 from steptally.client.loss.mismatch import mismatch_values
 from steptally.client.loss.names import NUMERATOR, Fragment
@@ -136,20 +141,29 @@ def collect_fragments(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The loss numerators (with grad) and every fragment of the microbatch, in the order
     of the spec. The loss's own rows join the fragments' rows, so all per-token sums are
-    one stacked exact sum and all per-sequence sums another."""
+    one stacked exact pass and all per-sequence sums another. A ``sum`` fragment is its
+    exact parts ``[LIMBS]``; a count, an integer below 2**53, is their plain sum."""
     loss_tokens, loss_seqs = loss_rows(config, batch, terms)
     tokens, seqs = fragment_terms(config, batch, terms)
-    sums = {**exact_sums({**loss_tokens, **_flat(tokens)}), **exact_sums({**loss_seqs, **seqs})}
-    numerators = {name: sums[name] for name in (*loss_tokens, *loss_seqs)}
-    found = {name: value.detach() for name, value in sums.items()}
+    token_sums, token_parts = exact_sums_and_parts(loss_tokens, _flat(tokens))
+    seq_sums, seq_parts = exact_sums_and_parts(loss_seqs, seqs)
+    found: dict[str, Tensor] = {**token_parts, **seq_parts}
     found.update(extremes(terms))
-    return numerators, {name: found[name] for name in fragment_kinds(config)}
+    kinds = fragment_kinds(config)
+    for name, kind in kinds.items():
+        if kind == "count":
+            found[name] = found[name].sum(-1)  # integer parts: exact in any order
+    return {**token_sums, **seq_sums}, {name: found[name] for name in kinds}
 
 
 def fragments_to_host(
-    fragments: Mapping[str, Tensor], companions: Mapping[str, str] = EXTREME_COMPANIONS
-) -> dict[str, float]:
-    """Fragment values as floats, in one device-to-host transfer (the only sync).
+    fragments: Mapping[str, Tensor],
+    companions: Mapping[str, str] = EXTREME_COMPANIONS,
+    exact: bool = False,
+) -> dict[str, Value]:
+    """Fragment values on the host, in one device-to-host transfer (the only sync): a
+    sum's parts as its correctly rounded value, or with ``exact`` as its canonical
+    expansion (a tuple when it has more than one term, as the wire takes it).
 
     An extremum whose companion count is 0 (an empty mask) is omitted, so it contributes
     nothing to the step; every other value, NaN and ±inf included, is kept.
@@ -157,8 +171,17 @@ def fragments_to_host(
     names = list(fragments)
     if not names:
         return {}
-    values = torch.stack([fragments[n].to(F64) for n in names]).cpu().tolist()
-    host = dict(zip(names, values, strict=True))
+    flat = torch.cat([fragments[n].to(F64).reshape(-1) for n in names]).cpu().tolist()
+    host: dict[str, Value] = {}
+    at = 0
+    for name in names:
+        size = fragments[name].numel()
+        if fragments[name].dim() == 0:
+            host[name] = flat[at]
+        else:
+            terms = expansion_of(flat[at : at + size])
+            host[name] = terms if exact and len(terms) > 1 else terms[0]
+        at += size
     return {
         name: value
         for name, value in host.items()

@@ -13,7 +13,8 @@ ENTRY_OVERHEAD = 32  # bytes of a fragment besides its values: step, rank, seq, 
 
 
 def entry_bytes(entry: Entry) -> int:
-    return 8 * len(entry.values) + ENTRY_OVERHEAD
+    tails = sum(map(len, entry.tails.values())) if entry.tails else 0
+    return 8 * (len(entry.values) + tails) + ENTRY_OVERHEAD
 
 
 class Batcher:
@@ -89,8 +90,11 @@ def to_batch(rank: int, entries: list[Entry]) -> FragmentBatch:
     first = entries[0].names
     if all(e.names == first for e in entries):
         batch.metrics = list(first)
-        for e in entries:
+        m = len(first)
+        for i, e in enumerate(entries):
             batch.values.extend(e.values)
+            for j, tail in e.tails.items():
+                batch.tails[i * m + j] = tail
         return batch
     index: dict[str, int] = {}
     for e in entries:
@@ -100,10 +104,12 @@ def to_batch(rank: int, entries: list[Entry]) -> FragmentBatch:
     values = array("d", bytes(8 * m * len(entries)))
     present = bytearray(m * len(entries))
     for i, e in enumerate(entries):
-        for name, x in zip(e.names, e.values, strict=True):
+        for k, (name, x) in enumerate(zip(e.names, e.values, strict=True)):
             j = i * m + index[name]
             values[j] = x
             present[j] = 1
+            if k in e.tails:
+                batch.tails[j] = e.tails[k]
     batch.metrics = list(index)
     batch.values = values
     batch.present = bytes(present)

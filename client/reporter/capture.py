@@ -5,6 +5,12 @@ check every name and value (a programming error raises here, at once), convert h
 numbers to float, and for CUDA tensors start a non-blocking copy into pinned host
 memory followed by a CUDA event. Nothing here synchronises with a device; the
 background thread waits on the event (:meth:`Entry.resolve`).
+
+A ``sum`` metric may be logged as a 1-d tensor of exact parts (the loss's sum
+fragments: float64 values whose real sum is the fragment's exact value). The copy
+carries them like any value; the background thread turns them into the wire's
+canonical expansion (:func:`~steptally.client.algebra.exact.expansion_of`), whose first
+term goes in ``values`` and the rest in ``tails``.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from steptally.client.algebra import Kind
+from steptally.client.algebra.exact import expansion_of
 from steptally.client.reporter.errors import FragmentError
+
+Tails = dict[int, tuple[float, ...]]
 
 
 class _Staged:
@@ -23,21 +32,35 @@ class _Staged:
 
     __slots__ = ("parts",)
 
-    def __init__(self, parts: list[tuple[list[int], Any, Any, Any]]) -> None:
-        self.parts = parts  # (indices, pinned host tensor, event, device source kept alive)
+    def __init__(self, parts: list[tuple[list[int], list[int], Any, Any, Any]]) -> None:
+        # (indices, sizes, pinned host tensor, event, device source kept alive)
+        self.parts = parts
 
-    def wait(self, values: list[float]) -> None:
-        for indices, host, event, _source in self.parts:
+    def wait(self, values: list[float], tails: Tails) -> None:
+        for indices, sizes, host, event, _source in self.parts:
             event.synchronize()
-            for i, x in zip(indices, host.tolist(), strict=True):
-                values[i] = x
+            flat, at = host.tolist(), 0
+            for i, size in zip(indices, sizes, strict=True):
+                if size == 1:
+                    values[i] = flat[at]
+                else:
+                    values[i] = _split(flat[at : at + size], tails, i)
+                at += size
         self.parts = []
+
+
+def _split(parts: list[float], tails: Tails, i: int) -> float:
+    """The first term of the expansion of ``parts``; the rest, if any, into ``tails``."""
+    terms = expansion_of(parts)
+    if len(terms) > 1:
+        tails[i] = terms[1:]
+    return terms[0]
 
 
 class Entry:
     """The values of one fragment: ``names[i]`` has ``values[i]`` once resolved."""
 
-    __slots__ = ("counts", "names", "seq", "staged", "step", "values")
+    __slots__ = ("counts", "names", "seq", "staged", "step", "tails", "values")
 
     def __init__(
         self,
@@ -46,6 +69,7 @@ class Entry:
         values: list[float],
         staged: _Staged | None = None,
         counts: list[int] | None = None,
+        tails: Tails | None = None,
     ) -> None:
         self.step = step
         self.seq = -1
@@ -53,12 +77,13 @@ class Entry:
         self.values = values
         self.staged = staged
         self.counts = counts  # indices of count metrics whose value is still on the device
+        self.tails: Tails = tails if tails is not None else {}  # index → further terms
 
     def resolve(self) -> str | None:
         """Wait for device values (off the training thread); a reason if one is invalid."""
         if self.staged is None:
             return None
-        self.staged.wait(self.values)
+        self.staged.wait(self.values, self.tails)
         self.staged = None
         for i in self.counts or ():
             if not _is_count(self.values[i]):
@@ -113,6 +138,7 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
     names = tuple(fragments)
     values: list[float] = []
     device: list[int] = []
+    tails: Tails = {}
     tensor = getattr(sys.modules.get("torch"), "Tensor", None)
     for name, v in fragments.items():
         kind = kinds.get(name)
@@ -123,6 +149,12 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             x: float = v  # type: ignore[assignment]
         elif t is int:
             x = _int_value(name, v)  # type: ignore[arg-type]
+        elif t is tensor and _is_parts(name, v, kind):
+            if v.is_cuda:  # type: ignore[attr-defined]
+                device.append(len(values))
+                values.append(0.0)
+                continue
+            x = _split(v.tolist(), tails, len(values))  # type: ignore[attr-defined]
         elif t is tensor and not v.is_cuda:  # type: ignore[attr-defined]
             x = _host_tensor_value(name, v)
         else:
@@ -136,9 +168,23 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             raise FragmentError(_count_message(name, v))
         values.append(x)
     if not device:
-        return Entry(step, names, values)
+        return Entry(step, names, values, tails=tails)
     counts = [i for i in device if kinds[names[i]] is Kind.COUNT]
-    return Entry(step, names, values, _stage([fragments[names[i]] for i in device], device), counts)
+    staged = _stage([fragments[names[i]] for i in device], device)
+    return Entry(step, names, values, staged, counts, tails)
+
+
+def _is_parts(name: str, v: Any, kind: Kind) -> bool:
+    """Whether tensor ``v`` is a sum's exact parts (1-d, more than one element)."""
+    if v.dim() != 1 or v.numel() < 2:
+        return False
+    if kind is not Kind.SUM or v.dtype.is_complex or not v.dtype.is_floating_point:
+        raise FragmentError(
+            f"metric {name!r}: a 1-d tensor of several values is a sum's exact parts, "
+            f"so the metric must be a sum (it is a {kind.value}) and the tensor real "
+            f"floating point (it is {v.dtype})"
+        )
+    return True
 
 
 def _unknown(name: object, kinds: Mapping[str, Kind]) -> FragmentError:
@@ -211,22 +257,21 @@ def _stage(tensors: list[Any], indices: list[int]) -> _Staged:
     """
     torch = sys.modules["torch"]
     f64 = torch.float64
-    groups: dict[int, tuple[list[int], list[Any]]] = {}
+    groups: dict[int, tuple[list[int], list[int], list[Any]]] = {}
     with torch.no_grad():
         for i, t in zip(indices, tensors, strict=True):
             group = groups.get(t.get_device())
             if group is None:
-                group = groups[t.get_device()] = ([], [])
+                group = groups[t.get_device()] = ([], [], [])
             group[0].append(i)
-            if t.dim():
-                t = t.reshape(())
-            group[1].append(t if t.dtype == f64 else t.to(f64))
+            group[1].append(t.numel())
+            group[2].append(t.reshape(-1) if t.dtype == f64 else t.reshape(-1).to(f64))
         parts = []
-        for device, (idx, ts) in groups.items():
-            source = torch.stack(ts)
-            host = torch.empty(len(ts), dtype=f64, pin_memory=True)
+        for device, (idx, sizes, ts) in groups.items():
+            source = torch.cat(ts)
+            host = torch.empty(source.numel(), dtype=f64, pin_memory=True)
             host.copy_(source, non_blocking=True)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
-            parts.append((idx, host, event, source))
+            parts.append((idx, sizes, host, event, source))
     return _Staged(parts)

@@ -108,3 +108,31 @@ def test_stacked_rows_keep_their_own_bits_and_gradient():
         assert torch.equal(sums[name], exact_sum(row)), name
     sums["grad"].backward()
     assert torch.equal(rows["grad"].grad, torch.ones(300, dtype=torch.float64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(finite, cancelling.map(lambda xs: xs[0])), min_size=1, max_size=40))
+def test_exact_parts_add_up_to_the_exact_sum_for_any_split(values: list[float]) -> None:
+    from steptally.client.algebra.exact import expansion_of, round_scaled, scaled_int
+    from steptally.client.loss.exact_sum import exact_parts
+
+    exact = sum(map(scaled_int, values))
+    parts = exact_parts(torch.tensor(values, dtype=torch.float64))
+    assert parts.shape == (66,)
+    assert sum(map(scaled_int, parts.tolist())) == exact  # every part exact, nothing lost
+    terms = expansion_of(parts.tolist())
+    assert terms[0] == round_scaled(exact)  # the correctly rounded sum comes first
+    cut = len(values) // 2
+    halves = [exact_parts(torch.tensor(h or [0.0], dtype=torch.float64)).tolist() for h in
+              (values[:cut], values[cut:])]  # fmt: skip
+    assert expansion_of(halves[0] + halves[1]) == terms  # a split adds to the same expansion
+
+
+def test_exact_parts_of_a_non_finite_row_are_its_ieee_sum() -> None:
+    from steptally.client.loss.exact_sum import exact_parts
+
+    rows = torch.tensor([[1.0, math.inf, 2.0], [math.inf, -math.inf, 0.0], [1.0, 2.0, 3.0]])
+    parts = exact_parts(rows.double())
+    assert parts[0, -1].item() == math.inf and parts[0, :-1].abs().sum().item() == 0.0
+    assert math.isnan(parts[1, -1].item())
+    assert parts[2].sum().item() == 6.0

@@ -73,7 +73,7 @@ def test_step_must_be_a_non_negative_integer(reporter: Reporter, step: Any) -> N
 @pytest.mark.parametrize(
     ("value", "words"),
     [
-        (torch.ones(2), r"exactly one element .* not shape \(2,\)"),
+        (torch.ones(2, dtype=torch.int64), r"exact parts, so .* real floating point"),
         (torch.ones(1, 3), r"not shape \(1, 3\)"),
         (torch.tensor(True), "torch.bool tensor is not a real number"),
         (torch.tensor(1 + 2j), "complex64 tensor is not a real number"),
@@ -108,6 +108,24 @@ def test_host_values_and_cpu_tensors_arrive_exactly(
     assert got[0, 0, 3] == {"loss_num": float(torch.tensor(0.1, dtype=torch.float32))}
     assert service.commits == {(0, 0): 4}
     assert reporter.stats().sent == 4
+
+
+def test_exact_parts_arrive_as_their_canonical_expansion(
+    reporter: Reporter, service: FakeService
+) -> None:
+    tiny = 2.0**-80
+    parts = torch.tensor([1.0, tiny, 0.0, -1.0, 3.0, 0.5], dtype=torch.float64)
+    reporter.log(0, {"loss_num": parts, "tokens": 2})
+    reporter.log(0, {"loss_num": torch.tensor([0.25, 0.5, 0.0]), "tokens": 1})  # one term
+    reporter.log(0, {"loss_num": torch.tensor([0.0, math.inf, 1.0]), "tokens": 1})
+    with pytest.raises(FragmentError, match=r"must be a sum \(it is a count\)"):
+        reporter.log(0, {"tokens": torch.ones(2)})
+    reporter.commit(0)
+    assert reporter.flush(5)
+    got = service.fragments
+    assert got[0, 0, 0] == {"loss_num": (3.5, tiny), "tokens": 2.0}
+    assert got[0, 0, 1] == {"loss_num": 0.75, "tokens": 1.0}
+    assert got[0, 0, 2] == {"loss_num": math.inf, "tokens": 1.0}  # non-finite: one number
 
 
 def test_commit_counts_the_log_calls_of_its_step(reporter: Reporter, service: FakeService) -> None:
@@ -223,11 +241,14 @@ def test_cuda_tensors_arrive_without_a_sync_on_the_calling_thread(
     try:
         reporter.log(0, {"loss_num": loss, "tokens": tokens, "ratio_max": 2.0})
         reporter.log(0, {"tokens": torch.tensor(2.5, device=dev)})  # checked off-thread
+        parts = torch.tensor([1.0, 2.0**-80, 2.0], device=dev, dtype=torch.float64)
+        reporter.log(0, {"loss_num": parts, "tokens": tokens})  # exact parts: staged too
         reporter.commit(0)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert reporter.flush(10)
     assert service.fragments[0, 0, 0] == {"loss_num": 0.1 * 3, "tokens": 11.0, "ratio_max": 2.0}
     assert (0, 0, 1) not in service.fragments
+    assert service.fragments[0, 0, 2] == {"loss_num": (3.0, 2.0**-80), "tokens": 11.0}
     assert reporter.stats().rejected == 1
     assert "'tokens' is a count" in (reporter.stats().last_error or "")
