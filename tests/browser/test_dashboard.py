@@ -51,6 +51,10 @@ def test_unknown_run_is_a_404_page_with_a_link_back(page: Page) -> None:
     page.locator("#back-to-runs").click()
     expect(page).to_have_url("/")
     expect(page.locator("body")).to_have_attribute("data-state", "ready")
+    answer = page.goto("/runs/%3Cb%3Ebold")
+    assert answer is not None and answer.status == 404
+    expect(page.locator("#not-found h2")).to_contain_text("“<b>bold”")
+    expect(page.locator("#not-found b")).to_have_count(0)
 
 
 def test_assets_are_served_with_cache_control(page: Page, seed: Seeder) -> None:
