@@ -127,6 +127,8 @@ def test_concurrent_posts_of_one_step_share_transactions(
     exact = sum((Fraction(0.1 * r) for r in range(ranks)), Fraction(0))
     assert step["metrics"]["a"]["value"] == float(exact)
     assert _batches(app) - before == ranks  # telemetry counts every batch
+    series = api.client.get("/v1/runs/r/series/mean").json()  # values stored in the group
+    assert (series["steps"], series["values"]) == ([0], [float(exact / ranks)])
 
 
 def test_conflicting_batch_fails_alone_inside_its_group(
