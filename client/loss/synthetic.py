@@ -6,19 +6,30 @@ by a little noise, and a few response tokens are -inf on the current side (top-k
 filtering) and on the previous side. Advantages are per sequence (GRPO-style) plus noise,
 rewards follow their sign, and sample masks include fractional and zero weights. The
 global normalisers of a step are filled in from all of its microbatches.
+:func:`random_layout` cuts one batch's sequences into a random layout of ranks and
+microbatches (trimmed, padded or packed), for tests of layout invariance.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from steptally.client.loss.inputs import LossInputs, local_normalisers
+from steptally.client.loss.inputs import (
+    SEQUENCE_FIELDS,
+    TOKEN_FIELDS,
+    LossInputs,
+    PackedLossInputs,
+    local_normalisers,
+)
+from steptally.client.loss.packing import pack
 
 SAMPLE_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 0.5, 0.25, 0.0)
+Microbatch = LossInputs | PackedLossInputs
 
 
 def _layout(g: torch.Generator, sequences: int, max_len: int) -> tuple[Tensor, Tensor]:
@@ -129,3 +140,44 @@ def synthetic_step(
         out.append(flat[:count])
         flat = flat[count:]
     return out
+
+
+def rows_of(batch: LossInputs, rows: list[int], rng: random.Random) -> Microbatch:
+    """Rows ``rows`` of ``batch`` as a microbatch: trimmed to its last masked column,
+    widened with garbage padding, or packed."""
+    index = torch.tensor(rows)
+    picked = {
+        n: v[index]
+        for n in (*TOKEN_FIELDS, *SEQUENCE_FIELDS)
+        if (v := getattr(batch, n)) is not None
+    }
+    part = replace(batch, **picked)
+    layout = rng.choice(("trimmed", "widened", "packed"))
+    if layout == "packed":
+        return pack(part)
+    if layout == "trimmed":
+        width = int(part.token_mask.any(0).nonzero().max()) + 1 if part.token_mask.any() else 1
+        return replace(
+            part, **{n: v[:, :width] for n in TOKEN_FIELDS if (v := getattr(part, n)) is not None}
+        )
+    extra = rng.randint(1, 9)
+
+    def widen(v: torch.Tensor) -> torch.Tensor:
+        fill = rng.choice((-7.0, float("nan"))) if v.dtype.is_floating_point else 0
+        return torch.cat([v, torch.full((len(rows), extra), fill, dtype=v.dtype)], 1)
+
+    return replace(
+        part, **{n: widen(v) for n in TOKEN_FIELDS if (v := getattr(part, n)) is not None}
+    )
+
+
+def random_layout(batch: LossInputs, rng: random.Random) -> list[list[Microbatch]]:
+    """The batch's sequences shuffled over 1–4 ranks, in microbatches of 1–4 sequences."""
+    order = list(range(batch.sample_mask.shape[0]))
+    rng.shuffle(order)
+    ranks: list[list[Microbatch]] = [[] for _ in range(rng.randint(1, 4))]
+    while order:
+        size = rng.choice((1, 1, 2, 3, 4))
+        rows, order = order[:size], order[size:]
+        rng.choice(ranks).append(rows_of(batch, rows, rng))
+    return ranks
