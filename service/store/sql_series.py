@@ -5,10 +5,12 @@ numbers and keeps, in each bucket, the step with the smallest and the step with 
 largest finite value (the earliest such step on ties): one ``GROUP BY`` finds each
 bucket's extremes and its first and last step, then a short range read inside the
 bucket finds the steps that hold them (PostgreSQL does both in the one ``GROUP BY``,
-over arrays). Every step that a plot must never lose is
-kept besides: each partial or revised step and each NaN, infinite or undefined value
-(partial indexes find both without a scan). Only the kept rows leave the database;
-the kept steps come back once to select them with their status and revision.
+over arrays). Every step that a plot must never lose is kept besides: each partial
+or revised step and each NaN, infinite or undefined value (partial indexes find both
+without a scan). One statement does it all, and only the kept rows, with their
+status and revision, leave the database.
+
+Measured by ``bench/series.py``: about 60 ms for 100,000 steps on either database.
 """
 
 from __future__ import annotations
