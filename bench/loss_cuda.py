@@ -4,11 +4,13 @@
     python bench/loss_cuda.py --device cpu    # the timing part on the CPU
 
 On CUDA it (1) runs the same synthetic cases on CUDA and CPU and checks the fragments
-agree (counts exactly, the rest within float64-summed float32 tolerance); (2) runs the
-loss with fragments and its backward under ``torch.cuda.set_sync_debug_mode("error")``,
-so any host sync raises; (3) times loss+backward with fragments against the loss alone
-on 8 sequences x 4096 tokens and prints the overhead ratio. Without CUDA it says so and
-exits 0.
+agree (counts exactly, the rest within float64-summed float32 tolerance); (2) counts the
+host syncs of loss + fragments + backward + ``reporter.log`` (the training thread's whole
+share) under ``torch.cuda.set_sync_debug_mode("warn")``, once more with
+``torch.use_deterministic_algorithms(True)``; (3) times loss+backward with fragments
+against the loss alone on 8 sequences x 4096 tokens and prints the overhead ratio, and
+what the reporter's thread spends turning one microbatch's exact parts into expansions.
+It exits 1 on a parity failure or a host sync. Without CUDA it says so and exits 0.
 
 The timing has two anchors, measured in the same run: the loss alone (its numerators are
 exact sums too), and "conventional diagnostics": the same loss and fragments with every
@@ -26,10 +28,13 @@ import argparse
 import math
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields, replace
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -39,6 +44,8 @@ import steptally.client.loss.reduction as reduction_module
 from steptally.client.loss import ClippedPGConfig, ClippedPGLoss, LossInputs, fragments_to_host
 from steptally.client.loss.spec import fragment_kinds
 from steptally.client.loss.synthetic import synthetic_microbatch
+from steptally.client.reporter import Reporter
+from steptally.client.reporter.fake import FakeService
 
 CONFIGS = {
     "default": ClippedPGConfig(positive_example_nll_weight=0.1),
@@ -90,34 +97,98 @@ def check_parity(device: str) -> int:
     return failures
 
 
-def check_no_sync(device: str) -> None:
+def _logged_syncs(device: str, deterministic: bool) -> int:
+    """Host syncs (``set_sync_debug_mode`` warnings) of the training thread's share."""
     batch = to_device(synthetic_microbatch(1, sequences=8, max_len=512), device)
-    for config in CONFIGS.values():
-        loss_fn = ClippedPGLoss(config)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
+    service = FakeService()
+    syncs = 0
+    torch.use_deterministic_algorithms(deterministic)
+    with tempfile.TemporaryDirectory() as spool:
+        for name, config in CONFIGS.items():
+            loss_fn = ClippedPGLoss(config)
+            run = f"bench-{name.replace('+', '-')}-{int(deterministic)}"
+            with Reporter(
+                "http://steptally", run=run, spec=loss_fn.metric_spec(), rank=0,
+                world_size=1, transport=service.transport(), spool_dir=Path(spool),
+            ) as reporter:  # fmt: skip
+                for step in range(2):  # the first call warms up what is cached
+                    torch.cuda.synchronize()
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        torch.cuda.set_sync_debug_mode("warn")
+                        try:
+                            loss, fragments = loss_fn(batch)
+                            loss.backward()
+                            reporter.log(step, fragments)
+                            reporter.commit(step)
+                        finally:
+                            torch.cuda.set_sync_debug_mode(0)
+                    if step:
+                        syncs += sum("synchroniz" in str(w.message) for w in caught)
+                assert reporter.flush(30) and reporter.stats().rejected == 0
+    torch.use_deterministic_algorithms(False)
+    return syncs
+
+
+def check_no_sync(device: str) -> int:
+    total = 0
+    for deterministic in (False, True):
+        mode = "deterministic algorithms" if deterministic else "default algorithms"
         try:
-            loss, fragments = loss_fn(batch)
-            loss.backward()
-        finally:
+            syncs = _logged_syncs(device, deterministic)
+        except RuntimeError as exc:  # an op without a deterministic implementation
+            torch.use_deterministic_algorithms(False)
             torch.cuda.set_sync_debug_mode(0)
-        fragments_to_host(fragments)  # the one sync, outside the training step
-    print("host syncs in loss+fragments+backward: 0")
+            print(f"loss+fragments+backward+reporter.log ({mode}) raised: {exc}")
+            total += 1
+            continue
+        print(f"host syncs in loss+fragments+backward+reporter.log ({mode}): {syncs}")
+        total += syncs
+    return total
 
 
 def _plain_sums(rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: row.to(torch.float64).sum(-1) for name, row in rows.items()}
 
 
+def _plain_sums_and_values(
+    summed: Mapping[str, torch.Tensor], others: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    return _plain_sums(summed), _plain_sums({**summed, **others})
+
+
 @contextmanager
 def conventional_sums() -> Iterator[None]:
-    """Fragment and numerator sums as plain per-row ``sum()`` (not reproducible)."""
-    saved = fragments_module.exact_sums, reduction_module.exact_sums
-    fragments_module.exact_sums = reduction_module.exact_sums = _plain_sums
+    """Fragment and numerator sums as plain per-row ``sum()`` (not reproducible, and each
+    fragment one rounded float64)."""
+    saved = fragments_module.exact_sums_and_parts, reduction_module.exact_sums
+    fragments_module.exact_sums_and_parts = _plain_sums_and_values
+    reduction_module.exact_sums = _plain_sums
     try:
         yield
     finally:
-        fragments_module.exact_sums, reduction_module.exact_sums = saved
+        fragments_module.exact_sums_and_parts, reduction_module.exact_sums = saved
+
+
+def measure_host_expansion(device: str, repeats: int) -> float:
+    """Seconds the reporter's thread spends per microbatch on exact parts → expansions."""
+    batch = to_device(synthetic_microbatch(3, sequences=8, max_len=4096), device)
+    fragments = ClippedPGLoss(CONFIGS["default"])(batch)[1]
+    parts = {n: t.detach().cpu() for n, t in fragments.items()}
+    lengths = [
+        len(v) if isinstance(v, tuple) else 1 for v in fragments_to_host(parts, exact=True).values()
+    ]
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fragments_to_host(parts, exact=True)
+        samples.append(time.perf_counter() - start)
+    seconds = statistics.median(samples)
+    print(
+        f"reporter thread, parts -> expansions: {seconds * 1e3:.2f} ms per microbatch "
+        f"({len(lengths)} fragments, {sum(lengths)} terms on the wire, longest {max(lengths)})"
+    )
+    return seconds
 
 
 NOT_KERNELS = frozenset(
@@ -221,17 +292,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cuda":
         if not torch.cuda.is_available():
             print("no CUDA device here: nothing to check (use --device cpu for the CPU timing)")
             return 0
         failures = check_parity("cuda")
-        check_no_sync("cuda")
+        failures += check_no_sync("cuda")
     else:
         failures = 0
         print("cpu mode: parity and sync checks need CUDA; timing only")
     measure_overhead(args.device, args.repeats)
+    measure_host_expansion(args.device, args.repeats)
     return 1 if failures else 0
 
 
