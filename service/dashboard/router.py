@@ -27,7 +27,7 @@ def runs_list() -> HTMLResponse:
 @router.get("/runs/{run}", response_class=HTMLResponse)
 def run_view(run: str, service: ServiceDep) -> HTMLResponse:
     try:
-        service.get_run(run)
+        service.runs.get(run)  # the known runs, not the run's summary (a count of its steps)
     except UnknownRun:
         return HTMLResponse(missing_run_page(run), status_code=404, headers=PAGE_CACHE)
     return HTMLResponse(run_page(run), headers=PAGE_CACHE)

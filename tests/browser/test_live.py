@@ -32,6 +32,8 @@ def test_steps_posted_while_the_page_is_open_appear_without_a_reload(
 
     seed.steps("livey", range(3, 5), 2, wave)
     expect(card).to_have_attribute("data-points", "5")
+    summary = page.locator("#run-summary")
+    expect(summary).to_contain_text("2 ranks · 5 complete · 0 partial · 0 open · last step 4")
     assert column(page, "ratio_max", 1) == [1.0 + s for s in range(5)]
 
     seed.post("livey", [{"step": 5, "rank": 0, "seq": 0, "values": wave(5, 0)}], [])
@@ -39,6 +41,7 @@ def test_steps_posted_while_the_page_is_open_appear_without_a_reload(
     seed.wait_for_status("livey", 5, "partial")
     page.wait_for_function("steptally.heatmap.cellState(5, 1) === 'missing'")
     expect(card).to_have_attribute("data-points", "6")
+    expect(summary).to_contain_text("5 complete · 1 partial · 0 open · last step 5")
     page.evaluate("steptally.select(5)")
     detail = page.locator("#detail")
     expect(detail).to_have_attribute("data-revision", "1")
@@ -52,5 +55,6 @@ def test_steps_posted_while_the_page_is_open_appear_without_a_reload(
     expect(detail).to_have_attribute("data-revision", "2")
     expect(page.locator("#detail-status")).to_have_text("complete")
     expect(page.locator("#detail-late")).to_have_text("1")
+    expect(summary).to_contain_text("6 complete · 0 partial · 0 open · last step 5")
     assert page.evaluate("window.sameDocument") is True
     assert len(series_requests) == fetched

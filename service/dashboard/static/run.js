@@ -153,7 +153,7 @@ class RunPage {
     for (const chart of this.charts.values()) chart.applyStep(step);
     this.heatmap?.apply(step);
     this.detail?.refresh(step);
-    this.refreshSummary();
+    this.count(step);
   }
 
   onLive(state) {
@@ -161,12 +161,29 @@ class RunPage {
     $("live").textContent = { open: "live", connecting: "reconnecting", closed: "not live" }[state];
   }
 
-  refreshSummary() {
+  // The header's counts follow the events at once; the run summary (a count over every
+  // step, costly on a long run) is refetched at most every 30 s to settle them.
+  count(step) {
+    const info = this.info;
+    const steps = info.steps;
+    if (step.revision === 1) {
+      steps[step.status] += 1;
+      steps.open = Math.max(0, steps.open - 1);
+    } else if (step.status === "complete" && steps.partial > 0) {
+      steps.partial -= 1;
+      steps.complete += 1;
+    }
+    if (info.last_finalised_step === null || step.step >= info.last_finalised_step) {
+      info.last_finalised_step = step.step;
+      info.last_finalised_at = step.finalised_at;
+    }
+    this.summarise(info);
     if (this.summaryTimer) return;
     this.summaryTimer = setTimeout(async () => {
       this.summaryTimer = null;
-      this.summarise(await getRun(this.run));
-    }, 1000);
+      this.info = { ...this.info, ...(await getRun(this.run)) };
+      this.summarise(this.info);
+    }, 30_000);
   }
 
   resized() {
