@@ -123,6 +123,12 @@ def test_clicking_a_chart_point_opens_its_step(page: Page, seed: Seeder) -> None
     assert 15 <= step <= 25
     assert f"step={step}" in page.url
     expect(detail.locator('tr[data-metric="ratio_max"] td.value')).to_have_text(str(1 + step))
+    page.keyboard.press("ArrowRight")
+    expect(detail).to_have_attribute("data-step", str(step + 1))
+    expect(detail.locator('tr[data-metric="ratio_max"] td.value')).to_have_text(str(2 + step))
+    page.keyboard.press("Escape")
+    expect(detail).to_be_hidden()
+    assert "step=" not in page.url
 
 
 def test_partial_step_is_marked_with_its_missing_rank(page: Page, seed: Seeder) -> None:

@@ -49,10 +49,15 @@ class RunPage {
     this.heatmap.load();
     if (this.state.step !== null) this.detail.show(this.state.step);
     window.addEventListener("resize", () => this.resized());
-    document.addEventListener(
-      "keydown",
-      (e) => e.key === "Escape" && this.state.step !== null && this.close(),
-    );
+    document.addEventListener("keydown", (e) => this.key(e));
+  }
+
+  // Escape closes the step detail; ← and → step through the steps while it is open.
+  key(e) {
+    if (this.state.step === null || e.target.closest?.("input")) return;
+    if (e.key === "Escape") this.close();
+    else if (e.key === "ArrowLeft" && this.state.step > 0) this.select(this.state.step - 1);
+    else if (e.key === "ArrowRight") this.select(this.state.step + 1);
   }
 
   summarise(info) {
@@ -106,7 +111,7 @@ class RunPage {
           } else this.visible.delete(chart);
         }
       },
-      { rootMargin: "300px 0px" },
+      { rootMargin: "150px 0px" },
     );
     for (const chart of this.charts.values()) this.observer.observe(chart.card);
   }
