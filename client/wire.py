@@ -32,51 +32,49 @@ canonicalised on decode, so a fragment's identity never depends on a NaN payload
 
 from __future__ import annotations
 
-import base64
-import binascii
-import math
-import sys
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from steptally.client.algebra.exact import MAX_TERMS
 from steptally.client.algebra.kind import NAME_PATTERN
+from steptally.client.wire_numbers import (
+    MAX_INT,
+    NON_FINITE,
+    Value,
+    WireError,
+    canonical_nan,
+    check_terms,
+    decode_b64,
+    decode_int,
+    decode_number,
+    decode_value,
+    encode_b64,
+    encode_number,
+    f64_from_le_bytes,
+    f64_to_le_bytes,
+    int_column,
+)
 
-MAX_INT = 2**63 - 1
-#: a value: a number, or the terms of an exact sum
-Value = float | tuple[float, ...]
-#: the proto3 JSON strings of the non-finite numbers, and what they decode to
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_LITTLE = sys.byteorder == "little"
-
-
-def f64_to_le_bytes(values: array[float]) -> bytes:
-    """Float64 ``values`` as little-endian bytes (the wire's and the store's order)."""
-    if _LITTLE:
-        return values.tobytes()
-    swapped = array("d", values)
-    swapped.byteswap()
-    return swapped.tobytes()
-
-
-def f64_from_le_bytes(raw: bytes) -> array[float]:
-    """Little-endian float64 bytes as native floats (``len(raw)`` a multiple of 8)."""
-    values = array("d", raw)
-    if not _LITTLE:
-        values.byteswap()
-    return values
-
-
-class WireError(ValueError):
-    """A body does not follow the wire format; ``where`` locates the offending item."""
-
-    def __init__(self, where: str, message: str) -> None:
-        self.where = where
-        self.message = message
-        super().__init__(f"{where}: {message}" if where else message)
+__all__ = [
+    "MAX_INT",
+    "NON_FINITE",
+    "Commit",
+    "FragmentBatch",
+    "Value",
+    "WireError",
+    "decode_batch",
+    "decode_number",
+    "decode_value",
+    "encode_columnar",
+    "encode_commits",
+    "encode_number",
+    "encode_rows",
+    "f64_from_le_bytes",
+    "f64_to_le_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,69 +119,6 @@ class FragmentBatch:
             yield self.steps[i], self.ranks[i], self.seqs[i], self.row(i)
 
 
-# -- numbers -------------------------------------------------------------------------
-
-
-def encode_number(x: float) -> float | str:
-    """A float for JSON: finite as is, non-finite as its proto3 string."""
-    if math.isfinite(x):
-        return x
-    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
-
-
-def decode_number(v: object, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise WireError(where, f"expected a number, got {type(v).__name__}")
-    if isinstance(v, str):
-        try:
-            return NON_FINITE[v]
-        except KeyError:
-            raise WireError(
-                where,
-                f'{v!r} is not a number; non-finite values are "NaN", "Infinity" or "-Infinity"',
-            ) from None
-    try:
-        return float(v)
-    except OverflowError:
-        raise WireError(where, f"the integer {v} is too large for a float64") from None
-
-
-def decode_value(v: object, where: str) -> tuple[float, tuple[float, ...]]:
-    """A number, or the terms of an exact sum as a JSON array: (first term, the rest)."""
-    if not isinstance(v, list):
-        return decode_number(v, where), ()
-    if not 1 <= len(v) <= MAX_TERMS:
-        raise WireError(where, f"an exact sum holds 1 to {MAX_TERMS} numbers, not {len(v)}")
-    terms = [decode_number(x, f"{where}[{k}]") for k, x in enumerate(v)]
-    tail = tuple(terms[1:])
-    _check_terms(terms[0], tail, where)
-    return terms[0], tail
-
-
-def _check_terms(first: float, tail: Sequence[float], where: str) -> None:
-    if tail and not (math.isfinite(first) and all(map(math.isfinite, tail))):
-        raise WireError(
-            where, "the terms of an exact sum must be finite; send a non-finite value alone"
-        )
-
-
-def _int(v: object, where: str, lo: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_INT:
-        raise WireError(where, f"expected an integer from {lo} to 2**63-1, got {v!r}")
-    return v
-
-
-def _canonical_nan(values: array[float]) -> None:
-    try:
-        clean = not math.isnan(math.fsum(values))
-    except (OverflowError, ValueError):
-        clean = False
-    if not clean:
-        for i, v in enumerate(values):
-            if v != v:
-                values[i] = math.nan
-
-
 # -- decode --------------------------------------------------------------------------
 
 
@@ -221,9 +156,9 @@ def _decode_rows(rows: object) -> FragmentBatch:
         extra = set(row) - {"step", "rank", "seq", "values"}
         if extra:
             raise WireError(where, f"unknown field(s) {sorted(extra)}")
-        batch.steps.append(_int(row["step"], f"{where}.step"))
-        batch.ranks.append(_int(row["rank"], f"{where}.rank"))
-        batch.seqs.append(_int(row["seq"], f"{where}.seq"))
+        batch.steps.append(decode_int(row["step"], f"{where}.step"))
+        batch.ranks.append(decode_int(row["rank"], f"{where}.rank"))
+        batch.seqs.append(decode_int(row["seq"], f"{where}.seq"))
         values = row["values"]
         if not isinstance(values, dict):
             raise WireError(f"{where}.values", "must be an object of metric name to number")
@@ -249,30 +184,6 @@ def _decode_rows(rows: object) -> FragmentBatch:
     return batch
 
 
-def _b64(v: object, where: str) -> bytes:
-    if not isinstance(v, str):
-        raise WireError(where, "must be a base64 string")
-    try:
-        return base64.b64decode(v, validate=True)
-    except (binascii.Error, ValueError):
-        raise WireError(where, "is not valid base64") from None
-
-
-def _int_column(
-    data: Mapping[str, Any], key: str, n: int | None, block: str = "columnar"
-) -> list[int]:
-    col = data.get(key)
-    if not isinstance(col, list):
-        raise WireError(f"{block}.{key}", "must be a list of integers")
-    if n is not None and len(col) != n:
-        first = "step" if block == "columnar" else "cells"
-        raise WireError(f"{block}.{key}", f"has {len(col)} entries, but {first} has {n}")
-    for i, v in enumerate(col):
-        if type(v) is not int or not 0 <= v <= MAX_INT:
-            _int(v, f"{block}.{key}[{i}]")
-    return col
-
-
 def _decode_columnar(data: object) -> FragmentBatch:
     if not isinstance(data, dict):
         raise WireError("columnar", "must be an object")
@@ -284,20 +195,20 @@ def _decode_columnar(data: object) -> FragmentBatch:
             raise WireError("columnar.metrics", f"{name!r} is not a valid metric name")
     if len(set(metrics)) != len(metrics):
         raise WireError("columnar.metrics", "names a metric twice")
-    steps = _int_column(data, "step", None)
-    ranks = _int_column(data, "rank", len(steps))
-    seqs = _int_column(data, "seq", len(steps))
-    raw = _b64(data.get("values"), "columnar.values")
+    steps = int_column(data, "step", None)
+    ranks = int_column(data, "rank", len(steps))
+    seqs = int_column(data, "seq", len(steps))
+    raw = decode_b64(data.get("values"), "columnar.values")
     cells = len(steps) * len(metrics)
     if len(raw) != 8 * cells:
         raise WireError(
             "columnar.values", f"holds {len(raw) // 8} float64 values, expected {cells}"
         )
     values = f64_from_le_bytes(raw)
-    _canonical_nan(values)
+    canonical_nan(values)
     present = None
     if data.get("present") is not None:
-        present = _b64(data["present"], "columnar.present")
+        present = decode_b64(data["present"], "columnar.present")
         if len(present) != cells or present.strip(b"\x00\x01"):
             raise WireError("columnar.present", f"must hold {cells} bytes, each 0 or 1")
         if all(present):
@@ -313,14 +224,14 @@ def _decode_tails(data: object, batch: FragmentBatch) -> dict[int, tuple[float, 
     if not isinstance(data, dict) or set(data) != {"cells", "lengths", "values"}:
         raise WireError("columnar.tails", "must be an object with cells, lengths and values")
     where = "columnar.tails"
-    cells = _int_column(data, "cells", None, where)
-    lengths = _int_column(data, "lengths", len(cells), where)
+    cells = int_column(data, "cells", None, where)
+    lengths = int_column(data, "lengths", len(cells), where)
     total = len(batch.values)
     if any(b <= a for a, b in pairwise(cells)) or (cells and cells[-1] >= total):
         raise WireError(f"{where}.cells", f"must increase, each below {total} (the cells)")
     if any(not 1 <= n < MAX_TERMS for n in lengths):
         raise WireError(f"{where}.lengths", f"each must be 1 to {MAX_TERMS - 1}")
-    values = f64_from_le_bytes(_b64(data["values"], f"{where}.values"))
+    values = f64_from_le_bytes(decode_b64(data["values"], f"{where}.values"))
     if len(values) != sum(lengths):
         raise WireError(f"{where}.values", f"holds {len(values)} float64, expected {sum(lengths)}")
     out: dict[int, tuple[float, ...]] = {}
@@ -329,7 +240,7 @@ def _decode_tails(data: object, batch: FragmentBatch) -> dict[int, tuple[float, 
         if batch.present is not None and not batch.present[cell]:
             raise WireError(f"{where}.cells[{k}]", f"cell {cell} is not present")
         out[cell] = tuple(values[start : start + n])
-        _check_terms(batch.values[cell], out[cell], f"{where}.cells[{k}]")
+        check_terms(batch.values[cell], out[cell], f"{where}.cells[{k}]")
         start += n
     return out
 
@@ -344,9 +255,9 @@ def _decode_commits(rows: object) -> list[Commit]:
             raise WireError(where, "must be an object with exactly step, rank and fragments")
         out.append(
             Commit(
-                _int(row["step"], f"{where}.step"),
-                _int(row["rank"], f"{where}.rank"),
-                _int(row["fragments"], f"{where}.fragments"),
+                decode_int(row["step"], f"{where}.step"),
+                decode_int(row["rank"], f"{where}.rank"),
+                decode_int(row["fragments"], f"{where}.fragments"),
             )
         )
     return out
@@ -359,10 +270,6 @@ def encode_commits(commits: Sequence[Commit]) -> list[dict[str, int]]:
     return [{"step": c.step, "rank": c.rank, "fragments": c.fragments} for c in commits]
 
 
-def _b64encode(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
-
-
 def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
     """The compact form of ``batch`` as a JSON-ready dict (a tails block only if needed)."""
     columnar: dict[str, Any] = {
@@ -370,8 +277,8 @@ def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
         "step": list(batch.steps),
         "rank": list(batch.ranks),
         "seq": list(batch.seqs),
-        "values": _b64encode(f64_to_le_bytes(batch.values)),
-        "present": None if batch.present is None else _b64encode(batch.present),
+        "values": encode_b64(f64_to_le_bytes(batch.values)),
+        "present": None if batch.present is None else encode_b64(batch.present),
     }
     if batch.tails:
         cells = sorted(batch.tails)
@@ -379,7 +286,7 @@ def encode_columnar(batch: FragmentBatch) -> dict[str, Any]:
         columnar["tails"] = {
             "cells": cells,
             "lengths": [len(batch.tails[cell]) for cell in cells],
-            "values": _b64encode(f64_to_le_bytes(terms)),
+            "values": encode_b64(f64_to_le_bytes(terms)),
         }
     return {"columnar": columnar, "commits": encode_commits(batch.commits)}
 
