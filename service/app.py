@@ -9,8 +9,9 @@ The app keeps its objects on ``app.state``:
 * ``store`` — the :class:`~steptally.service.store.base.Store` (SQL today);
 * ``service`` — the :class:`~steptally.service.usecase.service.Service` the routers use.
 
-The lifespan checks that the database schema is at head, starts the sweeper of
-overdue steps, and on shutdown stops it and closes the store.
+The lifespan checks that the database schema is at head, starts the fan-out of
+finalisations over Redis when ``redis_url`` is set (``service/coordination/``) and the
+sweeper of overdue steps, and on shutdown stops them and closes the store.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
 from steptally.service.api.instrument import RequestMetrics
+from steptally.service.coordination.fanout import RedisFanout
+from steptally.service.coordination.keys import RedisKeys
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
 from steptally.service.settings import Settings
 from steptally.service.store.schema import check_current
 from steptally.service.store.sql import SqlStore
 from steptally.service.telemetry import Telemetry
+from steptally.service.usecase.events import EventHub
 from steptally.service.usecase.service import Service
 from steptally.service.usecase.sweeper import sweep_forever
 
@@ -50,13 +54,20 @@ def create_app(
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
     registry.register(RunValueCollector(store.exposition_snapshot))
-    service = Service(store, telemetry, settings.default_step_timeout_s, clock)
+    hub = EventHub()
+    fanout = None
+    if settings.redis_url is not None:
+        fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)
+    timeout_s = settings.default_step_timeout_s
+    service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = None
         try:
             await run_in_threadpool(check_current, store.engine, settings.database_url)
+            if fanout is not None:
+                await fanout.start()
             if sweep:
                 task = asyncio.create_task(sweep_forever(service, settings.sweep_interval_s))
             yield
@@ -65,6 +76,8 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if fanout is not None:
+                await fanout.stop()
             service.events.close()
             store.close()
 

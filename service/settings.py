@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # bench and lengthened the completing request (bench/README.md, Ingest)
     ingest_group_max_batches: int | None = Field(default=None, ge=1)
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # replicas: with a Redis URL, every replica's event streams see every replica's
+    # finalisations (service/coordination/); unset, each process has its own hub
+    redis_url: str | None = None
+    redis_prefix: str = Field(default="steptally", min_length=1)
 
     @field_validator("database_url")
     @classmethod

@@ -136,6 +136,14 @@ class EventHub:
             for event in events:
                 sub.deliver(event)
 
+    def end_streams(self) -> None:
+        """End every open stream, the hub staying open: their clients reconnect with
+        their last event id and replay from the database (events may have been missed)."""
+        with self._lock:
+            subs = [s for group in self._subs.values() for s in group]
+        for sub in subs:
+            sub.deliver(None)
+
     def close(self) -> None:
         """End every stream (the app is shutting down)."""
         with self._lock:
@@ -148,6 +156,15 @@ class EventHub:
 
 REPLAY_PAGE = 500
 _RACE_S = 60.0  # a transaction in flight at subscription finalised at most this long before
+
+
+class EventPublisher(Protocol):
+    """Where the service hands committed finalisations: the hub itself, or a fan-out
+    to every replica's hub (:mod:`steptally.service.coordination.fanout`)."""
+
+    def wants(self, run: str) -> bool: ...
+
+    def publish(self, run: str, events: list[StepEvent]) -> None: ...
 
 
 class EventSource(Protocol):

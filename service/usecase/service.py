@@ -10,7 +10,7 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.store.base import FinalisedStep, StepRecord, Store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase import query
-from steptally.service.usecase.events import EventCursor, EventHub, StepEvent
+from steptally.service.usecase.events import EventCursor, EventHub, EventPublisher, StepEvent
 from steptally.service.usecase.ingest import Ingest
 from steptally.service.usecase.run_registry import RunDirectory, RunRequest, register
 
@@ -24,13 +24,18 @@ class Service:
         telemetry: Telemetry,
         default_step_timeout_s: float,
         clock: Callable[[], float] = time.time,
+        events: EventHub | None = None,
+        publisher: EventPublisher | None = None,
     ) -> None:
+        """``events``: this process's hub; ``publisher``: where finalisations go (the
+        hub itself unless a fan-out to other replicas is given)."""
         self.store = store
         self.telemetry = telemetry
         self.clock = clock
         self.default_step_timeout_s = default_step_timeout_s
         self.runs = RunDirectory(store)
-        self.events = EventHub()
+        self.events = events or EventHub()
+        self.publisher: EventPublisher = publisher or self.events
         self.ingest = Ingest(store, self.runs, telemetry, clock, self._published)
 
     def register_run(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
@@ -99,10 +104,10 @@ class Service:
         """Hand the committed finalisations to the event streams listening."""
         by_run: dict[str, list[StepEvent]] = {}
         for f in finalised:
-            if f.run_record is not None and f.record is not None and self.events.wants(f.run):
+            if f.run_record is not None and f.record is not None and self.publisher.wants(f.run):
                 by_run.setdefault(f.run, []).append(_event(f.run_record, f.record))
         for run, events in by_run.items():
-            self.events.publish(run, events)
+            self.publisher.publish(run, events)
 
 
 OpenedEvents = tuple[RunRecord, EventCursor | None]

@@ -1,0 +1,1 @@
+"""Coordination of replicas through Redis (only when ``STEPTALLY_REDIS_URL`` is set)."""

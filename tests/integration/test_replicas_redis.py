@@ -1,0 +1,212 @@
+"""Two ``steptally serve`` replicas on one PostgreSQL and one Redis: a step finalised
+through either appears on both replicas' event streams within 100 ms; with Redis
+unreachable, or lost and back, streams degrade to replay from the database."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from tests.integration.test_events import Stream
+from tests.support.served import ServedService, free_port
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+SHARED_REDIS = "redis://127.0.0.1:6379/0"
+FANOUT_S = 0.100
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A private key prefix on the shared Redis, its keys deleted afterwards."""
+    prefix = f"steptally-test-{uuid.uuid4().hex}"
+    yield prefix
+    client = redis.Redis.from_url(SHARED_REDIS)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def replicas(
+    postgres_url: str,
+    empty_database: Callable[[str], None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[[str, str], list[ServedService]]]:
+    """``replicas(redis_url, prefix)``: two started replicas on one emptied PostgreSQL."""
+    empty_database(postgres_url)
+    started: list[ServedService] = []
+
+    def start(redis_url: str, prefix: str) -> list[ServedService]:
+        monkeypatch.setenv("STEPTALLY_REDIS_URL", redis_url)
+        monkeypatch.setenv("STEPTALLY_REDIS_PREFIX", prefix)
+        monkeypatch.setenv("STEPTALLY_SWEEP_INTERVAL_S", "0.1")
+        for name in ("a", "b"):
+            started.append(ServedService(postgres_url, tmp_path / f"{name}.log", migrate=False))
+            started[-1].start()
+        return started
+
+    yield start
+    for service in started:
+        service.stop()
+
+
+def _register(base: str) -> None:
+    spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
+    assert httpx.post(f"{base}/v1/runs", json={**spec, "step_timeout_s": 60}).status_code == 201
+
+
+def _send(base: str, step: int, rank: int) -> dict[str, Any]:
+    body = {
+        "fragments": [{"step": step, "rank": rank, "seq": 0, "values": {"a": 1.5, "n": 1}}],
+        "commits": [{"step": step, "rank": rank, "fragments": 1}],
+    }
+    answer = httpx.post(f"{base}/v1/runs/r/fragments", json=body)
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def _finalise(base: str, step: int) -> float:
+    """Complete ``step`` through ``base``; the monotonic time its answer arrived."""
+    _send(base, step, 0)
+    assert _send(base, step, 1)["finalised"] == [
+        {"step": step, "status": "complete", "revision": 1}
+    ]
+    return time.monotonic()
+
+
+def _steps(events: list[dict[str, str]]) -> list[int]:
+    return [orjson.loads(e["data"])["step"] for e in events]
+
+
+def test_a_step_finalised_on_one_replica_reaches_the_other_within_100ms(
+    replicas: Callable[[str, str], list[ServedService]], redis_prefix: str
+) -> None:
+    a, b = replicas(SHARED_REDIS, redis_prefix)
+    _register(a.url)
+    on_a, on_b = Stream(f"{a.url}/v1/runs/r/events"), Stream(f"{b.url}/v1/runs/r/events")
+    latencies = []
+    try:
+        for step in range(10):
+            origin = (a, b)[step % 2]  # each replica finalises half the steps
+            answered = _finalise(origin.url, step)
+            (event,) = on_b.take(1)
+            latencies.append(time.monotonic() - answered)
+            assert _steps([event]) == [step]
+            assert (
+                orjson.loads(event["data"]) == httpx.get(f"{b.url}/v1/runs/r/steps/{step}").json()
+            )
+        assert _steps(on_a.take(10)) == list(range(10))
+        assert on_a.nothing_more() and on_b.nothing_more()  # each event once per stream
+    finally:
+        on_a.close()
+        on_b.close()
+    assert max(latencies) < FANOUT_S, latencies
+
+
+def test_redis_unreachable_keeps_ingest_and_local_streams(
+    replicas: Callable[[str, str], list[ServedService]], redis_prefix: str
+) -> None:
+    a, b = replicas(f"redis://127.0.0.1:{free_port()}/0", redis_prefix)
+    _register(a.url)
+    on_a, on_b = Stream(f"{a.url}/v1/runs/r/events"), Stream(f"{b.url}/v1/runs/r/events")
+    try:
+        _finalise(a.url, 0)
+        assert _steps(on_a.take(1)) == [0]  # its own finalisations stay live
+        assert on_b.nothing_more()  # the other replica's stream learns on replay
+    finally:
+        on_a.close()
+        on_b.close()
+    assert httpx.get(f"{b.url}/v1/runs/r/steps/0").json()["status"] == "complete"
+    assert httpx.get(f"{b.url}/readyz").status_code == 200
+
+
+class PrivateRedis:
+    """A ``redis-server`` of this test's own, to stop and start again."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = tmp_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--save", "", "--dir", str(self._dir)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _live_again(a: ServedService, b: ServedService, first_step: int) -> int:
+    """Finalise steps through ``a`` until a fresh stream on ``b`` hears one live (the
+    replicas subscribed again); the next free step."""
+    step = first_step
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        probe = Stream(f"{b.url}/v1/runs/r/events")
+        try:
+            _finalise(a.url, step)
+            step += 1
+            if not probe.nothing_more(0.3):
+                return step
+        finally:
+            probe.close()
+    pytest.fail("the replicas never heard each other again")
+
+
+def test_redis_lost_and_back_streams_end_and_replay_what_they_missed(
+    replicas: Callable[[str, str], list[ServedService]], private_redis: PrivateRedis
+) -> None:
+    a, b = replicas(private_redis.url, "steptally")
+    _register(a.url)
+    on_b = Stream(f"{b.url}/v1/runs/r/events")
+    _finalise(a.url, 0)
+    (seen,) = on_b.take(1)
+    private_redis.stop()
+    assert on_b.ended.wait(10)  # the subscription is lost: the stream ends cleanly
+    _finalise(a.url, 1)  # while Redis is away
+    private_redis.start()
+    next_step = _live_again(a, b, 2)
+    again = Stream(f"{b.url}/v1/runs/r/events", headers={"Last-Event-ID": seen["id"]})
+    try:
+        assert _steps(again.take(next_step - 1)) == list(range(1, next_step))
+        answered = _finalise(a.url, next_step)
+        assert _steps(again.take(1, timeout=FANOUT_S * 10)) == [next_step]
+        assert time.monotonic() - answered < FANOUT_S
+        assert again.nothing_more()
+    finally:
+        again.close()
+        on_b.close()
