@@ -2,6 +2,7 @@
 
 The body is read here (size limit, gzip); decoding, validation and the store's
 transaction run in the thread pool, and the answer is sent only after the commit.
+``?partial=true`` stores what is right and lists the wrong items in ``rejected``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ router = APIRouter(prefix="/v1/runs", tags=["fragments"])
     responses=errors(400, 404, 409, 413, 422),
 )
 async def post_fragments(
-    run: str, request: Request, service: ServiceDep, settings: SettingsDep
+    run: str,
+    request: Request,
+    service: ServiceDep,
+    settings: SettingsDep,
+    partial: bool = False,
 ) -> JsonResponse:
     arrived = time.perf_counter()
     limit = settings.max_body_bytes
@@ -34,6 +39,6 @@ async def post_fragments(
 
     def handle() -> JsonResponse:
         body = decode_content(raw, encoding, limit)
-        return JsonResponse(service.ingest(run, body, arrived))
+        return JsonResponse(service.ingest(run, body, arrived, partial))
 
     return await run_in_threadpool(handle)

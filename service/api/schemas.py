@@ -111,11 +111,25 @@ class Finalised(_Answer):
     revision: int
 
 
+class RejectedItem(_Answer):
+    """A fragment (``seq`` set) or commit (``seq`` null) left out of a partial ingest."""
+
+    where: str = Field(description="the item in the body, e.g. columnar.step[3] or commits[0]")
+    step: int
+    rank: int
+    seq: int | None
+    code: str = Field(description="the error code a strict ingest would answer")
+    message: str
+
+
 class IngestAnswer(_Answer):
     accepted: int
     duplicates: int
     commits: int
     finalised: list[Finalised]
+    rejected: list[RejectedItem] | None = Field(
+        default=None, description="only with ?partial=true: the items left out, and why"
+    )
 
 
 class HealthAnswer(_Answer):

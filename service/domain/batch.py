@@ -3,11 +3,19 @@
 A :class:`PreparedBatch` holds each distinct fragment once, keyed by
 ``(step, rank, seq)``, its values packed over the run's columns (see
 :mod:`.cells`), and each distinct commit once, keyed by ``(step, rank)``.
+
+Strictly prepared, the first wrong item raises its 4xx error. Prepared ``partial``,
+a wrong fragment or commit is left out and kept as a :class:`Rejection` (with the
+error it would have raised), and the rest goes on; an error of the whole body (an
+unknown metric) still raises. :meth:`PreparedBatch.reject` leaves out an item the
+store refused, named by the ``where`` of the store's error.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from steptally.client.algebra import Kind
@@ -19,11 +27,27 @@ from steptally.service.errors import (
     FragmentConflict,
     InvalidValue,
     RankOutOfRange,
+    ServiceError,
     UnknownMetric,
 )
 
 FragmentKey = tuple[int, int, int]
 CommitKey = tuple[int, int]
+_ITEM = re.compile(r"^(fragments|columnar\.step|commits)\[(\d+)\]")
+# a wrong item: ("row", fragment index in the body) or ("commit", commit index)
+Fault = tuple[str, int, ServiceError]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """One fragment (``seq`` set) or commit (``seq`` None) left out, and why."""
+
+    where: str
+    step: int
+    rank: int
+    seq: int | None
+    code: str
+    message: str
 
 
 @dataclass(slots=True)
@@ -31,33 +55,97 @@ class PreparedBatch:
     fragments: dict[FragmentKey, cells.Cell] = field(default_factory=dict)
     commits: dict[CommitKey, int] = field(default_factory=dict)
     columnar: bool = False
+    rejected: list[Rejection] = field(default_factory=list)
+    # each item's index in the body (its first occurrence), and back
+    origin: dict[FragmentKey, int] = field(default_factory=dict)
+    commit_origin: dict[CommitKey, int] = field(default_factory=dict)
 
     def steps(self) -> list[int]:
         return sorted({k[0] for k in self.fragments} | {k[0] for k in self.commits})
 
+    def __bool__(self) -> bool:
+        return bool(self.fragments or self.commits)
+
     def where(self, key: FragmentKey) -> str:
         """Where a fragment sits in the body, for error messages."""
-        index = list(self.fragments).index(key)
+        index = self.origin.get(key, 0)
         return f"columnar.step[{index}]" if self.columnar else f"fragments[{index}]"
 
+    def commit_where(self, key: CommitKey) -> str:
+        return f"commits[{self.commit_origin.get(key, 0)}]"
 
-def prepare(run: RunRecord, batch: FragmentBatch, columnar: bool) -> PreparedBatch:
-    """Validate ``batch`` for ``run`` and pack it; raise a 4xx service error if it is wrong."""
+    def reject(self, error: ServiceError) -> bool:
+        """Leave out the item that ``error`` names by its ``where``; False if none."""
+        m = _ITEM.match(error.where or "")
+        if m is None:
+            return False
+        index = int(m[2])
+        if m[1] == "commits":
+            ckey = next((k for k, i in self.commit_origin.items() if i == index), None)
+            if ckey is None or self.commits.pop(ckey, None) is None:
+                return False
+            self.rejected.append(_rejection(error, ckey[0], ckey[1], None))
+            return True
+        fkey = next((k for k, i in self.origin.items() if i == index), None)
+        if fkey is None or self.fragments.pop(fkey, None) is None:
+            return False
+        self.rejected.append(_rejection(error, *fkey))
+        return True
+
+
+def _rejection(error: ServiceError, step: int, rank: int, seq: int | None) -> Rejection:
+    return Rejection(error.where or "", step, rank, seq, error.code, error.message)
+
+
+def prepare(
+    run: RunRecord, batch: FragmentBatch, columnar: bool, partial: bool = False
+) -> PreparedBatch:
+    """Validate ``batch`` for ``run`` and pack it; raise a 4xx service error if it is
+    wrong (``partial``: only if the whole body is, leaving out and noting wrong items)."""
     _check_metrics(run, batch, columnar)
-    _check_ranks(run, batch, columnar)
-    _check_counts(run, batch, columnar)
-    _check_tails(run, batch, columnar)
+    faults: dict[tuple[str, int], ServiceError] = {}
+    for check in (_check_ranks, _check_counts, _check_tails):
+        _note(faults, check(run, batch, columnar), partial)
     out = PreparedBatch(columnar=columnar)
-    _pack_fragments(run, batch, out)
-    for i, c in enumerate(batch.commits):
-        known = out.commits.setdefault((c.step, c.rank), c.fragments)
-        if known != c.fragments:
-            raise CommitConflict(
-                f"rank {c.rank} commits step {c.step} twice in this batch, with {known} and "
-                f"{c.fragments} fragments; send one commit per rank and step",
-                f"commits[{i}]",
-            )
+    skip = {i for kind, i in faults if kind == "row"}
+    _note(faults, _pack_fragments(run, batch, out, skip), partial)
+    _note(faults, _pack_commits(batch, out, {i for kind, i in faults if kind == "commit"}), partial)
+    for (kind, i), error in sorted(faults.items(), key=lambda f: (f[0][0] != "row", f[0][1])):
+        if kind == "row":
+            out.rejected.append(_rejection(error, batch.steps[i], batch.ranks[i], batch.seqs[i]))
+        else:
+            c = batch.commits[i]
+            out.rejected.append(_rejection(error, c.step, c.rank, None))
     return out
+
+
+def _note(
+    faults: dict[tuple[str, int], ServiceError], found: Iterator[Fault], partial: bool
+) -> None:
+    """Raise the first fault, or (``partial``) keep each item's first."""
+    for kind, i, error in found:
+        if not partial:
+            raise error
+        faults.setdefault((kind, i), error)
+
+
+def _pack_commits(batch: FragmentBatch, out: PreparedBatch, skip: set[int]) -> Iterator[Fault]:
+    for i, c in enumerate(batch.commits):
+        if i in skip:
+            continue
+        key = (c.step, c.rank)
+        known = out.commits.setdefault(key, c.fragments)
+        out.commit_origin.setdefault(key, i)
+        if known != c.fragments:
+            yield (
+                "commit",
+                i,
+                CommitConflict(
+                    f"rank {c.rank} commits step {c.step} twice in this batch, with {known} "
+                    f"and {c.fragments} fragments; send one commit per rank and step",
+                    f"commits[{i}]",
+                ),
+            )
 
 
 def _first_row(batch: FragmentBatch, column: int) -> int:
@@ -82,14 +170,14 @@ def _check_metrics(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None
         raise UnknownMetric(f"metric {name!r} {why}", where)
 
 
-def _check_ranks(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
+def _check_ranks(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Iterator[Fault]:
     for i, rank in enumerate(batch.ranks):
         if rank >= run.world_size:
             where = f"columnar.rank[{i}]" if columnar else f"fragments[{i}].rank"
-            raise RankOutOfRange(_rank_message(run, rank), where)
+            yield "row", i, RankOutOfRange(_rank_message(run, rank), where)
     for i, c in enumerate(batch.commits):
         if c.rank >= run.world_size:
-            raise RankOutOfRange(_rank_message(run, c.rank), f"commits[{i}].rank")
+            yield "commit", i, RankOutOfRange(_rank_message(run, c.rank), f"commits[{i}].rank")
 
 
 def _rank_message(run: RunRecord, rank: int) -> str:
@@ -99,7 +187,7 @@ def _rank_message(run: RunRecord, rank: int) -> str:
     )
 
 
-def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
+def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Iterator[Fault]:
     m = len(batch.metrics)
     for j, name in enumerate(batch.metrics):
         if run.spec.metrics[name] is not Kind.COUNT:
@@ -113,14 +201,18 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
                     if columnar
                     else (f"fragments[{i}].values.{name}")
                 )
-                raise InvalidValue(
-                    f"metric {name!r} is a count, so its value must be a non-negative "
-                    f"integer, not {v!r}",
-                    where,
+                yield (
+                    "row",
+                    i,
+                    InvalidValue(
+                        f"metric {name!r} is a count, so its value must be a non-negative "
+                        f"integer, not {v!r}",
+                        where,
+                    ),
                 )
 
 
-def _check_tails(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
+def _check_tails(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Iterator[Fault]:
     """Only a sum's value may be an exact expansion (a count, min or max is one number)."""
     m = len(batch.metrics)
     for k, cell in enumerate(batch.tails):
@@ -128,14 +220,20 @@ def _check_tails(run: RunRecord, batch: FragmentBatch, columnar: bool) -> None:
         kind = run.spec.metrics[name]
         if kind is not Kind.SUM:
             where = f"columnar.tails.cells[{k}]" if columnar else f"fragments[{cell // m}]"
-            raise InvalidValue(
-                f"metric {name!r} is a {kind.value}, so its value is one number, not the "
-                "terms of an exact sum",
-                where if columnar else f"{where}.values.{name}",
+            yield (
+                "row",
+                cell // m,
+                InvalidValue(
+                    f"metric {name!r} is a {kind.value}, so its value is one number, not the "
+                    "terms of an exact sum",
+                    where if columnar else f"{where}.values.{name}",
+                ),
             )
 
 
-def _pack_fragments(run: RunRecord, batch: FragmentBatch, out: PreparedBatch) -> None:
+def _pack_fragments(
+    run: RunRecord, batch: FragmentBatch, out: PreparedBatch, skip: set[int]
+) -> Iterator[Fault]:
     width = len(run.columns)
     m = len(batch.metrics)
     order = [run.column_of[name] for name in batch.metrics]
@@ -144,16 +242,24 @@ def _pack_fragments(run: RunRecord, batch: FragmentBatch, out: PreparedBatch) ->
     tailed = {cell // m for cell in batch.tails} if m else set()
     keys = zip(batch.steps, batch.ranks, batch.seqs, strict=True)
     for i, key in enumerate(keys):
+        if i in skip:
+            continue
         if fast and i not in tailed:
             cell: cells.Cell = (raw[8 * m * i : 8 * m * (i + 1)], None, None)
         else:
             cell = _pack_row(batch, i, order, width)
         known = out.fragments.setdefault(key, cell)
+        out.origin.setdefault(key, i)
         if known != cell:
-            raise FragmentConflict(
-                f"fragment step {key[0]} rank {key[1]} seq {key[2]} appears twice in this "
-                "batch with different values",
-                f"columnar.step[{i}]" if out.columnar else f"fragments[{i}]",
+            where = f"columnar.step[{i}]" if out.columnar else f"fragments[{i}]"
+            yield (
+                "row",
+                i,
+                FragmentConflict(
+                    f"fragment step {key[0]} rank {key[1]} seq {key[2]} appears twice in "
+                    "this batch with different values",
+                    where,
+                ),
             )
 
 

@@ -192,12 +192,8 @@ def _check_commit_collisions(batch: PreparedBatch, found: Probe) -> None:
             raise CommitConflict(
                 f"rank {r} already committed step {s} with {stored} fragments, not "
                 f"{n}; a commit is final",
-                _commit_where(batch, key),
+                batch.commit_where(key),
             )
-
-
-def _commit_where(batch: PreparedBatch, key: CommitKey) -> str:
-    return f"commits[{list(batch.commits).index(key)}]"
 
 
 def _check_fragments(batch: PreparedBatch, found: Probe) -> None:
@@ -222,7 +218,7 @@ def _check_commits(batch: PreparedBatch, found: Probe) -> None:
             raise CommitConflict(
                 f"rank {r} commits step {s} with {n} fragments, but fragment seq {top} "
                 "arrived; count every fragment sent",
-                _commit_where(batch, key),
+                batch.commit_where(key),
             )
 
 

@@ -2,6 +2,15 @@
 
 The body arrives as bytes (already decompressed and size-checked by the HTTP
 layer); the answer is returned only after the store's transaction committed.
+
+Strict (the default), a body is all-or-nothing: one wrong item rejects it with that
+item's 4xx error. ``partial``, every wrong fragment or commit is left out and listed
+in the answer's ``rejected`` (its ``where``, step, rank, seq, error code and message),
+and the rest is stored, all or nothing, in one transaction. An item the store
+refuses (a conflict with what is stored, a complete step) rolls that transaction
+back; the item is left out and the rest is stored again, so a body with k refused
+items costs k + 1 transactions. An error of the whole body (bad JSON, unknown run
+or metric, too large) still rejects it.
 """
 
 from __future__ import annotations
@@ -13,9 +22,9 @@ from typing import Any
 import orjson
 
 from steptally.client.wire import WireError, decode_batch
-from steptally.service.domain.batch import PreparedBatch, prepare
+from steptally.service.domain.batch import PreparedBatch, Rejection, prepare
 from steptally.service.domain.run import RunRecord
-from steptally.service.errors import BadJson, InvalidPayload, UnknownMetric
+from steptally.service.errors import BadJson, Conflict, InvalidPayload, UnknownMetric
 from steptally.service.store.base import FinalisedStep, IngestOutcome, Store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.run_registry import RunDirectory
@@ -38,16 +47,34 @@ class Ingest:
         self._clock = clock
         self._published = published  # told of the steps a committed batch finalised
 
-    def __call__(self, run_name: str, body: bytes, arrived: float | None = None) -> dict[str, Any]:
+    def __call__(
+        self, run_name: str, body: bytes, arrived: float | None = None, partial: bool = False
+    ) -> dict[str, Any]:
         """Store the batch in ``body``; ``arrived`` is the request's ``perf_counter``."""
         arrived = time.perf_counter() if arrived is None else arrived
         run = self._runs.get(run_name)
-        batch = _prepare(self._runs, run, parse(body))
-        outcome = self._store.ingest(run, batch, self._clock())
+        batch = _prepare(self._runs, run, parse(body), partial)
+        outcome = self._store_partial(run, batch) if partial else self._store_all(run, batch)
         self._telemetry.batch_stored(run.name, outcome, time.perf_counter() - arrived)
         if outcome.finalised:
             self._published(outcome.finalised)
-        return answer(outcome)
+        out = answer(outcome)
+        if partial:
+            out["rejected"] = [rejection_json(r) for r in batch.rejected]
+        return out
+
+    def _store_all(self, run: RunRecord, batch: PreparedBatch) -> IngestOutcome:
+        return self._store.ingest(run, batch, self._clock())
+
+    def _store_partial(self, run: RunRecord, batch: PreparedBatch) -> IngestOutcome:
+        """Store what the store accepts; each refused item is left out, then again."""
+        while batch:
+            try:
+                return self._store.ingest(run, batch, self._clock())
+            except Conflict as exc:
+                if not batch.reject(exc):
+                    raise
+        return IngestOutcome(accepted=0, duplicates=0, commits=0)
 
 
 def parse(body: bytes) -> tuple[Any, bool]:
@@ -59,16 +86,18 @@ def parse(body: bytes) -> tuple[Any, bool]:
     return data, isinstance(data, dict) and data.get("columnar") is not None
 
 
-def _prepare(runs: RunDirectory, run: RunRecord, parsed: tuple[Any, bool]) -> PreparedBatch:
+def _prepare(
+    runs: RunDirectory, run: RunRecord, parsed: tuple[Any, bool], partial: bool
+) -> PreparedBatch:
     data, columnar = parsed
     try:
         batch = decode_batch(data)
     except WireError as exc:
         raise InvalidPayload(exc.message, exc.where or None) from None
     try:
-        return prepare(run, batch, columnar)
+        return prepare(run, batch, columnar, partial)
     except UnknownMetric:  # perhaps registered since the run was cached
-        return prepare(runs.get(run.name, refresh=True), batch, columnar)
+        return prepare(runs.get(run.name, refresh=True), batch, columnar, partial)
 
 
 def answer(outcome: IngestOutcome) -> dict[str, Any]:
@@ -80,4 +109,15 @@ def answer(outcome: IngestOutcome) -> dict[str, Any]:
             {"step": f.step, "status": f.status.value, "revision": f.revision}
             for f in outcome.finalised
         ],
+    }
+
+
+def rejection_json(r: Rejection) -> dict[str, Any]:
+    return {
+        "where": r.where,
+        "step": r.step,
+        "rank": r.rank,
+        "seq": r.seq,
+        "code": r.code,
+        "message": r.message,
     }
