@@ -113,6 +113,7 @@ class FakeService:
                 "duplicates": len(batch) - accepted,
                 "commits": len(batch.commits),
                 "finalised": [],
+                **({"rejected": []} if request.url.params.get("partial") else {}),
             },
         )
 

@@ -1,7 +1,9 @@
 """The one place that talks HTTP: register the run, post a parcel, classify the answer.
 
 Everything goes through one ``httpx.Client`` whose transport is injectable, so tests
-use ``httpx.MockTransport`` and the real service alike.
+use ``httpx.MockTransport`` and the real service alike. Parcels are posted with
+``?partial=true``: the service stores what is right and names each fragment or
+commit it refused (:class:`Refused`), so one bad item never costs the rest.
 """
 
 from __future__ import annotations
@@ -24,12 +26,24 @@ class Outcome(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Refused:
+    """One item of a delivered parcel the service refused for good; ``seq`` None: a commit."""
+
+    step: int
+    rank: int
+    seq: int | None
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     outcome: Outcome
     status: int | None = None
     code: str | None = None
     message: str = ""
     retry_after: float | None = None
+    refused: tuple[Refused, ...] = ()
 
 
 class Sender:
@@ -71,7 +85,11 @@ class Sender:
 
     def post(self, body: bytes, headers: dict[str, str]) -> Answer:
         return self._request(
-            "POST", f"/v1/runs/{self.run}/fragments", content=body, headers=headers
+            "POST",
+            f"/v1/runs/{self.run}/fragments",
+            content=body,
+            headers=headers,
+            params={"partial": "true"},
         )
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Answer:
@@ -87,7 +105,7 @@ class Sender:
 def classify(response: httpx.Response) -> Answer:
     status = response.status_code
     if 200 <= status < 300:
-        return Answer(Outcome.OK, status)
+        return Answer(Outcome.OK, status, refused=_refused_of(response))
     code, message = _error_of(response)
     if is_retryable(status):
         after = parse_retry_after(response.headers.get("retry-after"))
@@ -95,6 +113,28 @@ def classify(response: httpx.Response) -> Answer:
     if status == 404 and code == "unknown_run":
         return Answer(Outcome.UNKNOWN_RUN, status, code, message)
     return Answer(Outcome.REJECT, status, code, message)
+
+
+def _refused_of(response: httpx.Response) -> tuple[Refused, ...]:
+    """The ``rejected`` items of a partial ingest's answer (none in any other answer)."""
+    try:
+        body = json.loads(response.read() or b"null")
+    except ValueError:
+        return ()
+    items = body.get("rejected") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return ()
+    return tuple(
+        Refused(
+            int(i.get("step", -1)),
+            int(i.get("rank", -1)),
+            None if i.get("seq") is None else int(i["seq"]),
+            str(i.get("code")),
+            str(i.get("message", "")),
+        )
+        for i in items
+        if isinstance(i, dict)
+    )
 
 
 def _error_of(response: httpx.Response) -> tuple[str | None, str]:

@@ -15,7 +15,9 @@ class Stats:
     made again (counted per attempt, not per fragment). ``spooled``: written to the
     local spool. ``dropped``: lost because memory and spool were both full.
     ``queued``: waiting now, in memory or in the spool. ``rejected``: refused for good
-    (a 4xx answer, a spec conflict, an invalid device value). ``failed``: the run could
+    (a 4xx answer, a spec conflict, an invalid device value; and each fragment or
+    commit the service left out of a delivered batch, logged once with its step, rank
+    and error code, never retried). ``failed``: the run could
     not be registered, so nothing more will be delivered.
     """
 

@@ -264,7 +264,11 @@ class Worker:
         time.sleep(0)
         if answer.outcome is Outcome.OK:
             self._done(parcel)
-            self.counters.add(sent=parcel.fragments)
+            refused = sum(1 for r in answer.refused if r.seq is not None)
+            self.counters.add(sent=parcel.fragments - refused)
+            for r in answer.refused:
+                what = "commit" if r.seq is None else f"fragment seq {r.seq}"
+                self._reject(1, f"step {r.step} rank {r.rank} {what}: {r.code}: {r.message}")
             self.backoff.reset()
             if self._down:
                 self._down = False
