@@ -77,6 +77,9 @@ class Step(Base):
     __table_args__ = (
         Index("ix_steps_status_deadline", "status", "deadline"),
         Index("ix_steps_run_finalised", "run_id", "finalised_at", "step"),
+        # covers the per-run status counts (runs list, run summary, /metrics) so they
+        # never read the wide result column
+        Index("ix_steps_run_status", "run_id", "status", "step", "missing_ranks"),
         Index(
             "ix_steps_run_revised",
             "run_id",
