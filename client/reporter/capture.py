@@ -38,7 +38,8 @@ class _Staged:
 
     def wait(self, values: list[float], tails: Tails) -> None:
         for indices, sizes, host, event, _source in self.parts:
-            event.synchronize()
+            if event is not None:
+                event.synchronize()
             flat, at = host.tolist(), 0
             for i, size in zip(indices, sizes, strict=True):
                 if size == 1:
@@ -149,12 +150,10 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             x: float = v  # type: ignore[assignment]
         elif t is int:
             x = _int_value(name, v)  # type: ignore[arg-type]
-        elif t is tensor and _is_parts(name, v, kind):
-            if v.is_cuda:  # type: ignore[attr-defined]
-                device.append(len(values))
-                values.append(0.0)
-                continue
-            x = _split(v.tolist(), tails, len(values))  # type: ignore[attr-defined]
+        elif t is tensor and _is_parts(name, v, kind):  # resolved off-thread, CPU too
+            device.append(len(values))
+            values.append(0.0)
+            continue
         elif t is tensor and not v.is_cuda:  # type: ignore[attr-defined]
             x = _host_tensor_value(name, v)
         else:
@@ -253,7 +252,9 @@ def _stage(tensors: list[Any], indices: list[int]) -> _Staged:
     """Copy device scalars to pinned host memory without waiting, and record an event.
 
     One stacked copy and one event per device; under ``no_grad`` so that nothing kept
-    alive here holds on to an autograd graph.
+    alive here holds on to an autograd graph. Host tensors (exact parts on the CPU) are
+    only concatenated — a copy, so a later change to them changes nothing — and their
+    expansion waits for the background thread too.
     """
     torch = sys.modules["torch"]
     f64 = torch.float64
@@ -269,6 +270,9 @@ def _stage(tensors: list[Any], indices: list[int]) -> _Staged:
         parts = []
         for device, (idx, sizes, ts) in groups.items():
             source = torch.cat(ts)
+            if device < 0:  # already on the host
+                parts.append((idx, sizes, source, None, None))
+                continue
             host = torch.empty(source.numel(), dtype=f64, pin_memory=True)
             host.copy_(source, non_blocking=True)
             event = torch.cuda.Event()

@@ -21,7 +21,9 @@ class ReporterOptions:
     or ``flush_interval_s`` after their first fragment, whichever comes first. At most
     ``max_queue_items`` log()/commit() calls and ``max_queue_bytes`` of values wait in
     memory before being batched, and at most ``max_queue_bytes`` of encoded batches wait
-    in memory to be sent; beyond that they go to the spool.
+    in memory to be sent; beyond that they go to the spool. A batch answered with a 5xx
+    (other than 503) more than ``max_server_errors`` times in a row is quarantined in
+    the spool, and later batches go on.
     """
 
     max_batch_fragments: int = 512
@@ -35,6 +37,7 @@ class ReporterOptions:
     backoff_max_s: float = 30.0
     max_retry_after_s: float = 300.0
     exit_timeout_s: float = 10.0
+    max_server_errors: int = 5
 
     def __post_init__(self) -> None:
         for f in fields(self):

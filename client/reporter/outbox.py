@@ -60,6 +60,11 @@ class Outbox:
         """How many fragments wait in the outbox, in memory or spooled."""
         return self._fragments
 
+    def in_memory_fragments(self) -> int:
+        """Fragments of parcels held only in memory (lost if the process ends now)."""
+        with self._ready:
+            return sum(p.fragments for p in self._parcels if p.path is None and p.body)
+
     def __len__(self) -> int:
         return len(self._parcels)
 
@@ -128,6 +133,49 @@ class Outbox:
                 log.error("steptally: cannot read the spooled batch %s: %s", parcel.path, exc)
                 return parcel, None
 
+    def release(self, parcel: Parcel) -> Placed | None:
+        """Forget ``parcel`` but keep it on disk (for ``steptally sync``): None if it
+        was there already, SPOOL if written now, DROPPED if the spool had no room."""
+        with self._ready:
+            if not self._parcels or self._parcels[0] is not parcel:
+                return None
+            placed = None
+            on_disk = parcel.path is not None
+            if not on_disk and parcel.body is not None:
+                placed = Placed.SPOOL if self._to_spool(parcel) else Placed.DROPPED
+                self._memory_bytes -= parcel.size
+                on_disk = placed is Placed.SPOOL
+            self._forget_head(parcel, on_disk)
+            return placed
+
+    def quarantine(self, parcel: Parcel, body: bytes, error: str) -> str | None:
+        """Forget ``parcel`` and keep it in the spool's quarantine with ``error``; where
+        it lies (None if it could not be written: the caller counts it dropped)."""
+        with self._ready:
+            if not self._parcels or self._parcels[0] is not parcel:
+                return None
+            on_disk = parcel.path is not None
+            was_in_memory = not on_disk and parcel.body is not None
+            try:
+                where = str(self.spool.quarantine(parcel, body, error))
+            except OSError as exc:
+                log.error("steptally: cannot quarantine a batch: %s", exc)
+                where = None
+            if was_in_memory:
+                self._memory_bytes -= parcel.size
+            self._forget_head(parcel, on_disk)
+            return where
+
+    def _forget_head(self, parcel: Parcel, on_disk: bool) -> None:
+        """Drop the head from the queue, leaving any file it has where it is."""
+        self._parcels.popleft()
+        self._fragments -= parcel.fragments
+        if on_disk:
+            self._on_disk -= 1
+        parcel.body = None
+        if not self._on_disk:
+            self._spilling = False
+
     def pop(self, parcel: Parcel) -> None:
         """Forget ``parcel`` (sent, or rejected for good) and its spool file."""
         with self._ready:
@@ -138,6 +186,8 @@ class Outbox:
             if parcel.path is not None:
                 self.spool.remove(parcel)
                 self._on_disk -= 1
+                if not self._on_disk:
+                    self.spool.tidy()
             elif parcel.body is not None:
                 self._memory_bytes -= parcel.size
             parcel.body = None

@@ -80,6 +80,7 @@ class Reporter:
             "step_timeout_s": step_timeout_s,
         }
         directory = Path(spool_dir) if spool_dir else default_spool_dir(url, run, self.rank)
+        Spool(directory, max_spool_bytes).check()  # an unusable folder is an OSError now
         self._intake = Intake(
             self.rank,
             options.max_queue_items,
@@ -88,7 +89,7 @@ class Reporter:
         )
         self._worker = Worker(
             self._intake,
-            Outbox(Spool(directory, max_spool_bytes), options.max_queue_bytes),
+            Outbox(Spool(directory, max_spool_bytes, registration), options.max_queue_bytes),
             Sender(url, run, registration, token, transport, options.timeout_s),
             options,
             log_every_s,
@@ -100,7 +101,7 @@ class Reporter:
 
     @property
     def spool_dir(self) -> Path:
-        return self._worker.outbox.spool.directory
+        return self._worker.spool_dir
 
     def log(self, step: int, fragments: Mapping[str, Any]) -> None:
         """Queue one fragment (typically one microbatch) of ``step``; returns at once.
@@ -117,9 +118,12 @@ class Reporter:
         if not worker.started:
             worker.start()
         if not self._intake.put(entry):
-            worker.counters.add(dropped=1)
-            worker.counters.error("the in-memory queue is full: a fragment was dropped")
-            worker.settle(1)
+            worker.drop(
+                1,
+                "the in-memory queue is full (max_queue_items or max_queue_bytes): a "
+                "fragment was dropped",
+                items=1,
+            )
 
     def commit(self, step: int) -> None:
         """Declare ``step`` done for this rank: it sent one fragment per log() call."""
@@ -149,7 +153,7 @@ class Reporter:
 
     def stats(self) -> Stats:
         """Counters of what was sent, retried, spooled, dropped, queued and rejected."""
-        return self._worker.counters.snapshot(self._worker.queued())
+        return self._worker.stats()
 
     def __enter__(self) -> Reporter:
         return self

@@ -17,7 +17,8 @@ class Stats:
     ``queued``: waiting now, in memory or in the spool. ``rejected``: refused for good
     (a 4xx answer, a spec conflict, an invalid device value; and each fragment or
     commit the service left out of a delivered batch, logged once with its step, rank
-    and error code, never retried). ``failed``: the run could
+    and error code, never retried). ``quarantined``: kept in the spool's quarantine
+    because the service would not take the batch (see :mod:`.spool`). ``failed``: the run could
     not be registered, so nothing more will be delivered.
     """
 
@@ -29,6 +30,7 @@ class Stats:
     rejected: int = 0
     last_error: str | None = None
     failed: bool = False
+    quarantined: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,6 +40,7 @@ class Stats:
         text = (
             f"sent={self.sent} queued={self.queued} spooled={self.spooled} "
             f"retried={self.retried} rejected={self.rejected} dropped={self.dropped}"
+            + (f" quarantined={self.quarantined}" if self.quarantined else "")
         )
         if self.failed:
             text += " FAILED"
@@ -50,6 +53,7 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.sent = self.retried = self.spooled = self.dropped = self.rejected = 0
+        self.quarantined = 0
         self.last_error: str | None = None
         self.failed = False
 
@@ -75,4 +79,5 @@ class Counters:
                 self.rejected,
                 self.last_error,
                 self.failed,
+                self.quarantined,
             )

@@ -7,6 +7,13 @@ oldest parcel, registers the run on first contact, and on a failure that may pas
 spills the outbox to the spool and waits (capped backoff with jitter, or the server's
 Retry-After) before trying the same parcel again. Both threads are daemons, started
 lazily and started again in a forked child.
+
+Nothing leaves without being counted: a parcel is delivered (``sent``, less the items
+the service refused, ``rejected``), kept on disk (``spooled``; ``quarantined`` when the
+service would not take it: a 4xx for the whole body, or more than
+``max_server_errors`` 5xx answers in a row), or lost (``dropped``, with the reason in
+``last_error`` and a warning at most every ``WARN_EVERY_S``). When the run cannot be
+registered, every parcel stays in the spool for ``steptally sync``.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from steptally.client.reporter.batcher import Batcher
 from steptally.client.reporter.capture import Entry
@@ -24,12 +32,13 @@ from steptally.client.reporter.outbox import Outbox, Placed
 from steptally.client.reporter.parcel import Parcel, encode
 from steptally.client.reporter.retry import Backoff
 from steptally.client.reporter.sender import Answer, Outcome, Sender
-from steptally.client.reporter.stats import Counters
+from steptally.client.reporter.stats import Counters, Stats
 from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
 YIELD_EVERY = 32  # queue items the batcher handles between offers of the GIL
 DOWN_CLOSE_S = 1.0  # how long close() waits for a service that is not answering
+WARN_EVERY_S = 10.0  # at most one warning about dropped data this often
 
 
 class Worker:
@@ -64,6 +73,9 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._down = False
         self._next_line = time.monotonic() + (self.log_every_s or 0)
+        self._server_errors = 0  # 5xx answers in a row to the head parcel
+        self._next_drop_warning = 0.0
+        self._unwarned_drops = 0
 
     # -- the calling side ------------------------------------------------------------
 
@@ -102,6 +114,26 @@ class Worker:
             self.start()
         return len(found)
 
+    @property
+    def spool_dir(self) -> Path:
+        return self.outbox.spool.directory
+
+    def stats(self) -> Stats:
+        return self.counters.snapshot(self.queued())
+
+    def drop(self, fragments: int, reason: str, items: int = 0) -> None:
+        """Count ``fragments`` as lost for ``reason``; warn, at most every WARN_EVERY_S."""
+        self.counters.add(dropped=fragments)
+        self.counters.error(reason)
+        self._unwarned_drops += fragments
+        now = time.monotonic()
+        if now >= self._next_drop_warning:
+            log.warning("steptally: dropped %d fragments: %s", self._unwarned_drops, reason)
+            self._unwarned_drops = 0
+            self._next_drop_warning = now + WARN_EVERY_S
+        if items:
+            self.settle(items)
+
     def settle(self, items: int) -> None:
         with self._progress:
             self._settled += items
@@ -133,6 +165,13 @@ class Worker:
             thread.join(timeout=1.0 if thread.name.endswith("batcher") else 0.0)
         moved = self.outbox.spill()  # whatever the sender will not get to
         self.counters.add(spooled=sum(p.fragments for p in moved))
+        lost = self.outbox.in_memory_fragments()
+        if lost:
+            self.drop(
+                lost,
+                f"closing: the spool at {self.spool_dir} is full; {lost} "
+                "fragments held in memory are lost; raise max_spool_bytes",
+            )
         if moved or not done:
             log.warning(
                 "steptally: closing with undelivered data; it stays in the spool "
@@ -205,13 +244,12 @@ class Worker:
         if placed is Placed.SPOOL:
             self.counters.add(spooled=parcel.fragments)
         elif placed is Placed.DROPPED:
-            self.counters.add(dropped=parcel.fragments)
             message = (
                 f"memory and spool are full: dropped {parcel.fragments} fragments; their "
                 "steps will show as incomplete; raise max_spool_bytes or max_queue_bytes"
             )
-            self.counters.error(message)
             log.error("steptally: %s", message)
+            self.drop(parcel.fragments, message)
             if commits:  # a few bytes, and they make the loss visible on the service
                 batch = FragmentBatch(commits=commits)
                 self.outbox.put(encode(batch, self.options.gzip_min_bytes, 0), force=True)
@@ -231,16 +269,36 @@ class Worker:
         parcel, body = got
         if body is None:  # its spool file vanished or cannot be read
             self._done(parcel)
-            self.counters.add(dropped=parcel.fragments)
+            self.drop(parcel.fragments, f"the spooled batch {parcel.path} cannot be read")
         elif self.counters.failed:
-            self._done(parcel)
-            self.counters.add(rejected=parcel.fragments)
+            self._keep(parcel)
         elif self.registered or self._register():
             self._deliver(parcel, body)
         return not self._stop.is_set()
 
     def _done(self, parcel: Parcel) -> None:
         self.outbox.pop(parcel)
+        self._server_errors = 0
+        self.settle(parcel.items)
+
+    def _keep(self, parcel: Parcel) -> None:
+        """Leave ``parcel`` in the spool for ``steptally sync`` (the run is unregistered)."""
+        placed = self.outbox.release(parcel)
+        if placed is Placed.SPOOL:
+            self.counters.add(spooled=parcel.fragments)
+        elif placed is Placed.DROPPED:
+            self.drop(parcel.fragments, f"the spool at {self.spool_dir} is full")
+        self.settle(parcel.items)
+
+    def _quarantine(self, parcel: Parcel, body: bytes, error: str) -> None:
+        where = self.outbox.quarantine(parcel, body, error)
+        self._server_errors = 0
+        if where is None:
+            self.drop(parcel.fragments, f"a refused batch could not be kept: {error}")
+        else:
+            self.counters.add(quarantined=parcel.fragments)
+            self.counters.error(f"{error}; the batch is kept at {where}")
+            log.error("steptally: %s; the batch is kept at %s", error, where)
         self.settle(parcel.items)
 
     def _register(self) -> bool:
@@ -255,7 +313,8 @@ class Worker:
         self._reject(
             0,
             f"the run {self.sender.run!r} could not be registered: {answer.message}; "
-            "nothing more will be delivered by this reporter",
+            "nothing more will be delivered by this reporter; what it holds stays in the "
+            f"spool at {self.spool_dir} for `steptally sync`",
         )
         return False
 
@@ -282,10 +341,21 @@ class Worker:
             log.warning("steptally: the service does not know the run; registering it again")
             self._stop.wait(self.backoff.next())
         elif answer.outcome is Outcome.RETRY:
-            self._retry(answer)
+            if self._poisoned(answer):
+                self._quarantine(parcel, body, f"{self._server_errors} answers {answer.message}")
+            else:
+                self._retry(answer)
         else:
-            self._done(parcel)
-            self._reject(parcel.fragments, answer.message)
+            self.counters.add(rejected=parcel.fragments)
+            self._quarantine(parcel, body, answer.message)
+
+    def _poisoned(self, answer: Answer) -> bool:
+        """Whether the head parcel has had too many 5xx answers (503 means "away")."""
+        if answer.status is None or answer.status < 500 or answer.status == 503:
+            self._server_errors = 0
+            return False
+        self._server_errors += 1
+        return self._server_errors > self.options.max_server_errors
 
     def _retry(self, answer: Answer) -> None:
         if not self._down:

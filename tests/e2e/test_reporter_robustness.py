@@ -70,3 +70,71 @@ def test_one_conflicting_fragment_among_six_steps_leaves_five_landed(
         assert got["status"] == "complete"
         assert got["metrics"]["a"]["value"] == (99.0 if step == 2 else step + 0.5)
     assert not list((tmp_path / "spool").glob("*.json*"))
+
+
+def _files(spool: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(spool.glob("*.json*"))}
+
+
+def _spooled_fragments(spool: Path) -> int:
+    return sum(int(name.split("-")[2][:-1]) for name in _files(spool))
+
+
+def test_a_registration_conflict_keeps_the_spool_byte_for_byte(tmp_path: Path) -> None:
+    service = ServedService(_sqlite(tmp_path), tmp_path / "service.log")  # not started: down
+    spool = tmp_path / "spool"
+    fast = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05)
+    try:
+        first = Reporter(service.url, run="r", spec=SPEC, rank=0, world_size=1,
+                         spool_dir=spool, options=fast)  # fmt: skip
+        for step in range(4):
+            first.log(step, {"a": 1.0, "n": 1})
+            first.commit(step)
+        assert not first.close(2)
+        before = _files(spool)
+        assert _spooled_fragments(spool) == 4
+        service.start()
+        _register(service.url, world_size=1, metrics={"a": "max"})  # now the spec conflicts
+        second = Reporter(service.url, run="r", spec=SPEC, rank=0, world_size=1,
+                          spool_dir=spool, options=fast)  # fmt: skip
+        assert second.flush(10)
+        stats = second.stats()
+        second.close(2)
+    finally:
+        service.stop()
+    assert stats.failed and (stats.sent, stats.rejected, stats.dropped) == (0, 0, 0)
+    assert "spec_conflict" in (stats.last_error or "")
+    assert f"stays in the spool at {spool}" in (stats.last_error or "")
+    assert _files(spool) == before
+
+
+def test_a_full_spool_counts_exactly_what_it_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = tmp_path / "spool"
+    down = ServedService(_sqlite(tmp_path), tmp_path / "service.log", migrate=False)
+    options = ReporterOptions(flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05)
+    reporter = Reporter(down.url, run="r", spec=SPEC, rank=0, world_size=1,
+                        spool_dir=spool, max_spool_bytes=4096, options=options)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="steptally.reporter"):
+        for step in range(3000):
+            reporter.log(step, {"a": 1.0, "n": 1})
+        reporter.close(2)
+        stats = reporter.stats()
+    on_disk = _spooled_fragments(spool)
+    assert sum(len(b) for b in _files(spool).values()) <= 4096
+    assert 0 < on_disk < 3000
+    assert stats.spooled == on_disk
+    assert stats.dropped == 3000 - on_disk  # every fragment lost is counted, exactly
+    assert stats.sent == stats.rejected == 0
+    assert "full" in (stats.last_error or "")
+    warnings = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert 1 <= len(warnings) <= 3  # rate-limited, not one per batch
+
+
+def test_an_unusable_spool_directory_is_an_oserror_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError, match=str(blocker / "spool")):
+        Reporter("http://127.0.0.1:9", run="r", spec=SPEC, rank=0, world_size=1,
+                 spool_dir=blocker / "spool")  # fmt: skip

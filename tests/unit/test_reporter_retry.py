@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import itertools
+import json
 import logging
 import time
 from pathlib import Path
@@ -68,7 +69,12 @@ def test_other_client_errors_are_final_logged_and_counted(
         log_step(reporter, 2)  # later batches still go out
         assert reporter.flush(5)
     assert stats.retried == 0 and stats.rejected == 3
-    assert stats.last_error == f"HTTP {status} http_{status}: scripted {status}"
+    assert stats.last_error is not None
+    assert stats.last_error.startswith(f"HTTP {status} http_{status}: scripted {status}; ")
+    assert stats.quarantined == 3  # kept on disk, with its error, for `steptally sync`
+    (kept,) = (tmp_path / "spool" / "quarantine").glob("*.json*")
+    error = kept.with_name(kept.name.split(".")[0] + ".error").read_text()
+    assert error == f"HTTP {status} http_{status}: scripted {status}"
     assert f"HTTP {status} http_{status}: scripted {status}" in caplog.text
     assert (1, 0) not in service.commits and service.commits[2, 0] == 3
     assert fragment_posts(service) == 3  # never tried again
@@ -147,11 +153,14 @@ def test_spec_conflict_fails_delivery_without_raising(
             log_step(reporter, step)
         assert reporter.flush(5)
         stats = reporter.stats()
-    assert stats.failed and stats.sent == 0 and stats.rejected == 9
+    assert stats.failed and stats.sent == 0 and stats.rejected == 0 and stats.spooled == 9
     assert "spec_conflict" in (stats.last_error or "")
+    assert "`steptally sync`" in (stats.last_error or "")
     assert "could not be registered" in caplog.text and "'a' is registered as max" in caplog.text
     assert service.fragments == {}
-    assert not list((tmp_path / "spool").glob("*.json*"))
+    kept = list((tmp_path / "spool").glob("*.json*"))  # left for `steptally sync`
+    assert sum(int(p.name.split("-")[2][:-1]) for p in kept) == 9
+    assert json.loads((tmp_path / "spool" / "registration").read_text())["name"] == "r"
 
 
 def test_a_forgotten_run_is_registered_again(tmp_path: Path) -> None:
