@@ -116,6 +116,7 @@ def test_exact_parts_arrive_as_their_canonical_expansion(
     tiny = 2.0**-80
     parts = torch.tensor([1.0, tiny, 0.0, -1.0, 3.0, 0.5], dtype=torch.float64)
     reporter.log(0, {"loss_num": parts, "tokens": 2})
+    parts.zero_()  # resolved off-thread from a copy: a later change does not reach it
     reporter.log(0, {"loss_num": torch.tensor([0.25, 0.5, 0.0]), "tokens": 1})  # one term
     reporter.log(0, {"loss_num": torch.tensor([0.0, math.inf, 1.0]), "tokens": 1})
     with pytest.raises(FragmentError, match=r"must be a sum \(it is a count\)"):
