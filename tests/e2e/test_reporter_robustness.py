@@ -6,7 +6,11 @@ delivered; nothing is lost without being counted.
 
 from __future__ import annotations
 
+import gzip
+import http.server
+import json
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,3 +142,81 @@ def test_an_unusable_spool_directory_is_an_oserror_naming_it(tmp_path: Path) -> 
     with pytest.raises(OSError, match=str(blocker / "spool")):
         Reporter("http://127.0.0.1:9", run="r", spec=SPEC, rank=0, world_size=1,
                  spool_dir=blocker / "spool")  # fmt: skip
+
+
+class PoisonProxy:
+    """A tiny HTTP proxy to the service that answers 500 to any batch holding ``step``."""
+
+    def __init__(self, upstream: str, step: int) -> None:
+        self.upstream, self.step, self.refused = upstream, step, 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if proxy.poisoned(body, self.headers.get("content-encoding")):
+                    proxy.refused += 1
+                    self._answer(
+                        500, b'{"error":{"code":"internal","message":"boom","where":null}}'
+                    )
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                got = httpx.post(proxy.upstream + self.path, content=body, headers=headers)
+                self._answer(got.status_code, got.content)
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def poisoned(self, body: bytes, encoding: str | None) -> bool:
+        data = json.loads(gzip.decompress(body) if encoding == "gzip" else body)
+        columnar = data.get("columnar") if isinstance(data, dict) else None
+        return isinstance(columnar, dict) and self.step in columnar.get("step", [])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_batch_answered_500_every_time_is_quarantined_and_later_steps_land(
+    serve: Serve, tmp_path: Path
+) -> None:
+    service = serve(_sqlite(tmp_path))
+    proxy = PoisonProxy(service.url, step=3)
+    spool = tmp_path / "spool"
+    options = ReporterOptions(
+        flush_interval_s=0.01, backoff_base_s=0.01, backoff_max_s=0.05, max_server_errors=3
+    )
+    try:
+        reporter = Reporter(proxy.url, run="r", spec=SPEC, rank=0, world_size=1,
+                            spool_dir=spool, options=options)  # fmt: skip
+        for step in range(8):
+            reporter.log(step, {"a": step + 0.25, "n": 1})
+            reporter.commit(step)
+            assert reporter.flush(20)  # one batch a step; the poisoned one never wedges
+        stats = reporter.stats()
+        reporter.close(5)
+    finally:
+        proxy.close()
+    assert proxy.refused == 4  # the first answer and 3 more: max_server_errors
+    assert (stats.sent, stats.quarantined, stats.dropped, stats.queued) == (7, 1, 0, 0)
+    for step in (0, 1, 2, 4, 5, 6, 7):
+        got = _step(service.url, step)
+        assert (got["status"], got["metrics"]["a"]["value"]) == ("complete", step + 0.25)
+    assert httpx.get(f"{service.url}/v1/runs/r/steps/3").status_code == 404
+    (kept,) = (spool / "quarantine").glob("*.json*")
+    assert kept.name.split("-")[2:] == ["1f", "1c.json"]
+    error = (spool / "quarantine" / (kept.name.split(".")[0] + ".error")).read_text()
+    assert "HTTP 500 internal: boom" in error
+    assert not _files(spool)
