@@ -1,9 +1,10 @@
-"""The ``steptally`` command: ``migrate``, ``serve``, ``demo`` and ``grafana build``.
+"""The ``steptally`` command: ``migrate``, ``serve``, ``demo``, ``grafana build``, ``sync``.
 
     steptally migrate [--database-url URL]
     steptally serve   [--database-url URL] [--host H] [--port P] [--workers N]
     steptally demo    [--url URL | --serve] [--run NAME] [--steps N] [--ranks N] [--interval S]
     steptally grafana build [--out DIR] [--check]
+    steptally sync    URL [--spool-root DIR] [--token T]
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
 :class:`~steptally.service.settings.Settings`.
@@ -174,6 +175,27 @@ def grafana_build(
         return
     for path in build.write(directory):
         typer.echo(f"wrote {path}")
+
+
+@app.command()
+def sync(
+    url: Annotated[str, typer.Argument(help="The service, e.g. http://127.0.0.1:8000.")],
+    spool_root: Annotated[
+        Path | None,
+        typer.Option("--spool-root", help="Where the spools are (default: the reporter's)."),
+    ] = None,
+    token: Annotated[str | None, typer.Option(help="Bearer token for the service.")] = None,
+) -> None:
+    """Deliver the spools reporters left behind; exit 1 if anything is left."""
+    from steptally.client.reporter.options import default_spool_root
+    from steptally.client.reporter.sync import sync as deliver
+
+    report = deliver(url, spool_root or default_spool_root(), token, say=typer.echo)
+    for reason in report.reasons:
+        typer.echo(f"rejected: {reason}")
+    typer.echo(report.line())
+    if report.left_files:
+        raise typer.Exit(1)
 
 
 def _safe(url: str) -> str:

@@ -56,6 +56,11 @@ def default_spool_dir(url: str, run: str, rank: int) -> Path:
     """
     key = hashlib.sha256(f"{url}\n{run}\n{rank}".encode()).hexdigest()[:16]
     leaf = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}-r{rank}-{key}"
+    return default_spool_root() / leaf
+
+
+def default_spool_root() -> Path:
+    """The folder that holds every default spool (what ``steptally sync`` scans)."""
     cache = os.environ.get("XDG_CACHE_HOME")
     if cache:
         base = Path(cache)
@@ -65,4 +70,4 @@ def default_spool_dir(url: str, run: str, rank: int) -> Path:
         except (RuntimeError, KeyError):  # no home directory to be found
             home = Path(tempfile.gettempdir()) / "nonexistent" / ".cache"
         base = home if os.access(home.parent, os.W_OK) else Path(tempfile.gettempdir())
-    return base / "steptally" / "spool" / leaf
+    return base / "steptally" / "spool"

@@ -44,6 +44,7 @@ class Answer:
     message: str = ""
     retry_after: float | None = None
     refused: tuple[Refused, ...] = ()
+    duplicates: int = 0  # fragments the service already had (a delivered parcel)
 
 
 class Sender:
@@ -105,7 +106,9 @@ class Sender:
 def classify(response: httpx.Response) -> Answer:
     status = response.status_code
     if 200 <= status < 300:
-        return Answer(Outcome.OK, status, refused=_refused_of(response))
+        return Answer(
+            Outcome.OK, status, refused=_refused_of(response), duplicates=_duplicates_of(response)
+        )
     code, message = _error_of(response)
     if is_retryable(status):
         after = parse_retry_after(response.headers.get("retry-after"))
@@ -113,6 +116,15 @@ def classify(response: httpx.Response) -> Answer:
     if status == 404 and code == "unknown_run":
         return Answer(Outcome.UNKNOWN_RUN, status, code, message)
     return Answer(Outcome.REJECT, status, code, message)
+
+
+def _duplicates_of(response: httpx.Response) -> int:
+    try:
+        body = json.loads(response.read() or b"null")
+    except ValueError:
+        return 0
+    n = body.get("duplicates") if isinstance(body, dict) else None
+    return n if isinstance(n, int) else 0
 
 
 def _refused_of(response: httpx.Response) -> tuple[Refused, ...]:
