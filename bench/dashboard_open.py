@@ -1,12 +1,14 @@
 """How fast the run page opens on a long, wide run (100,000 steps × 40 metrics).
 
-    .venv/bin/python tests/browser/measure_scale.py [--steps 100000] [--url URL]
+    python bench/dashboard_open.py [--steps 100000] [--anchor-steps 100] [--url URL]
 
 Without ``--url`` it serves a fresh SQLite database on a free port. It registers a
 run of 31 declared metrics and 9 derived means (40 charts), posts every step over REST
 (one rank, 2,000 steps a request), then opens the run page in headless Chromium and
-prints the seconds until the first screenful of charts and the heat map are drawn,
-and the bytes of series data fetched.
+prints the seconds until the first chart, and the first screenful of charts and the heat
+map, are drawn, and the bytes of series data fetched. The anchor, measured in the same
+session and interleaved with it, is the same page over a run of ``--anchor-steps``
+steps: the ratio is what a long run costs beyond the page itself.
 """
 
 from __future__ import annotations
@@ -107,16 +109,34 @@ def open_page(url: str, run: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--anchor-steps", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--url", default=None)
     parser.add_argument("--run", default="scale-run")
     parser.add_argument("--no-seed", action="store_true")
     args = parser.parse_args()
+    anchor = f"{args.run}-anchor"
     with service(args.url) as url, httpx.Client(base_url=url, timeout=600) as http:
         if not args.no_seed:
-            took = seed(http, args.run, args.steps)
-            print(f"seeded {args.steps} steps × 40 metrics in {took:.1f} s")
-        for key, value in open_page(url, args.run).items():
-            print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+            for run, steps in ((args.run, args.steps), (anchor, args.anchor_steps)):
+                took = seed(http, run, steps)
+                print(f"seeded {run}: {steps} steps × 40 metrics in {took:.1f} s")
+        # the anchor: the same page over a short run, opened in the same session, so the
+        # ratio says what the run's length costs beyond the page itself
+        rows: dict[str, list[dict[str, float]]] = {args.run: [], anchor: []}
+        for _ in range(args.repeat):
+            for run in rows:
+                rows[run].append(open_page(url, run))
+    print(f"{'run':<24} {'steps':>8} {'first chart':>12} {'screenful':>10} {'points':>7} {'KB':>6}")
+    best = {run: min(samples, key=lambda r: r["screenful_s"]) for run, samples in rows.items()}
+    for run, steps in ((args.run, args.steps), (anchor, args.anchor_steps)):
+        r = best[run]
+        print(
+            f"{run:<24} {steps:>8} {r['first_chart_s']:>10.2f} s {r['screenful_s']:>8.2f} s "
+            f"{r['points_per_chart']:>7} {r['series_bytes'] / 1024:>6.0f}"
+        )
+    ratio = best[args.run]["screenful_s"] / best[anchor]["screenful_s"]
+    print(f"screenful, {args.steps} steps against {args.anchor_steps}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
