@@ -12,9 +12,10 @@ from steptally.client.reporter.errors import (
 )
 from steptally.client.reporter.options import ReporterOptions
 from steptally.client.reporter.reporter import Reporter
-from steptally.client.reporter.stats import Stats
+from steptally.client.reporter.stats import Closed, Stats
 
 __all__ = [
+    "Closed",
     "FragmentError",
     "IdentityError",
     "Reporter",

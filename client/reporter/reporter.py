@@ -29,7 +29,7 @@ from steptally.client.reporter.options import ReporterOptions, default_spool_dir
 from steptally.client.reporter.outbox import Outbox
 from steptally.client.reporter.sender import Sender
 from steptally.client.reporter.spool import Spool
-from steptally.client.reporter.stats import Stats
+from steptally.client.reporter.stats import Closed, Stats
 from steptally.client.reporter.worker import Worker
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -96,6 +96,7 @@ class Reporter:
         )
         self._exit_timeout = options.exit_timeout_s
         self._closed = False
+        self._last_close = Closed(True, 0, directory, Stats())
         _live.add(self)
         self._worker.replay()
 
@@ -142,14 +143,19 @@ class Reporter:
             return self._worker.queued() == 0
         return self._worker.flush(timeout)
 
-    def close(self, timeout: float | None = None) -> bool:
-        """Flush (up to ``timeout``, default ``exit_timeout_s``), then stop; what is still
-        undelivered stays in the spool for the next reporter of this run and rank."""
+    def close(self, timeout: float | None = None) -> Closed:
+        """Flush for at most ``timeout`` seconds (default ``exit_timeout_s``, 10 s; 1 s
+        while the service is not answering), then stop; what is still undelivered stays
+        in the spool for the next reporter of this run and rank, or ``steptally sync``.
+        Returns what happened (:class:`Closed`: true when everything was delivered);
+        blocks at most a quarter of a second longer than ``timeout``."""
         if self._closed:
-            return True
+            return self._last_close
         self._closed = True
         _live.discard(self)
-        return self._worker.close(self._exit_timeout if timeout is None else timeout)
+        closed = self._worker.close(self._exit_timeout if timeout is None else timeout)
+        self._last_close = closed
+        return closed
 
     def stats(self) -> Stats:
         """Counters of what was sent, retried, spooled, dropped, queued and rejected."""

@@ -1,9 +1,11 @@
-"""What the reporter did: counts of fragments, and the last error, for people and tests."""
+"""What the reporter did: counts of fragments, and the last error, for people and tests;
+and what :meth:`Reporter.close` did."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -45,6 +47,25 @@ class Stats:
         if self.failed:
             text += " FAILED"
         return text + (f" last_error={self.last_error!r}" if self.last_error else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """What :meth:`Reporter.close` did; true when everything was delivered.
+
+    ``delivered``: nothing logged is waiting (all sent, or refused for good).
+    ``left``: fragments left in the spool at ``spool_dir``, for the next reporter of
+    this run and rank or ``steptally sync``. ``stats``: the counters at the end (their
+    ``sent``, ``spooled``, ``dropped``, ``rejected`` and ``quarantined``).
+    """
+
+    delivered: bool
+    left: int
+    spool_dir: Path
+    stats: Stats
+
+    def __bool__(self) -> bool:
+        return self.delivered
 
 
 class Counters:

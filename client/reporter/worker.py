@@ -32,12 +32,13 @@ from steptally.client.reporter.outbox import Outbox, Placed
 from steptally.client.reporter.parcel import Parcel, encode
 from steptally.client.reporter.retry import Backoff
 from steptally.client.reporter.sender import Answer, Outcome, Sender
-from steptally.client.reporter.stats import Counters, Stats
+from steptally.client.reporter.stats import Closed, Counters, Stats
 from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
 YIELD_EVERY = 32  # queue items the batcher handles between offers of the GIL
 DOWN_CLOSE_S = 1.0  # how long close() waits for a service that is not answering
+CLOSE_GRACE_S = 0.25  # what close() may take beyond its timeout to spool what is held
 WARN_EVERY_S = 10.0  # at most one warning about dropped data this often
 
 
@@ -150,38 +151,44 @@ class Worker:
         with self._progress:
             return self._progress.wait_for(lambda: self._settled >= target, timeout)
 
-    def close(self, timeout: float | None) -> bool:
-        """Flush, stop both threads, and leave whatever is undelivered in the spool.
+    def close(self, timeout: float) -> Closed:
+        """Flush for at most ``timeout`` seconds, stop both threads, and leave whatever
+        is undelivered in the spool; never blocks more than CLOSE_GRACE_S longer.
 
         While the service is not answering there is no point in waiting long: what is
-        waiting is spooled, and the next reporter of this run and rank sends it.
+        waiting is spooled, and the next reporter of this run and rank (or ``steptally
+        sync``) sends it.
         """
         if self._down:
-            timeout = DOWN_CLOSE_S if timeout is None else min(timeout, DOWN_CLOSE_S)
+            timeout = min(timeout, DOWN_CLOSE_S)
+        deadline = time.monotonic() + timeout
         done = self.flush(timeout)
         self._stop.set()
         self.intake.wake.set()
-        for thread in self._threads:
-            thread.join(timeout=1.0 if thread.name.endswith("batcher") else 0.0)
+        for thread in self._threads:  # the batcher hands what it holds to the outbox
+            if thread.name.endswith("batcher"):
+                thread.join(max(CLOSE_GRACE_S, deadline - time.monotonic()))
         moved = self.outbox.spill()  # whatever the sender will not get to
         self.counters.add(spooled=sum(p.fragments for p in moved))
         lost = self.outbox.in_memory_fragments()
         if lost:
             self.drop(
                 lost,
-                f"closing: the spool at {self.spool_dir} is full; {lost} "
-                "fragments held in memory are lost; raise max_spool_bytes",
+                f"closing: {lost} fragments could not be kept (the spool at "
+                f"{self.spool_dir} is full); raise max_spool_bytes",
             )
-        if moved or not done:
+        left = self.outbox.fragments() - self.outbox.in_memory_fragments()
+        if left or not done:
             log.warning(
-                "steptally: closing with undelivered data; it stays in the spool "
-                "at %s for the next reporter of this run and rank",
-                self.outbox.spool.directory,
+                "steptally: closing with undelivered data; %d fragments stay in the spool "
+                "at %s for the next reporter of this run and rank, or `steptally sync`",
+                left,
+                self.spool_dir,
             )
         for thread in self._threads:
-            thread.join(timeout=1.0)
+            thread.join(max(0.0, min(CLOSE_GRACE_S, deadline - time.monotonic())))
         self.sender.close()
-        return done
+        return Closed(done, left, self.spool_dir, self.stats())
 
     def queued(self) -> int:
         return self.intake.fragments() + len(self.batcher.entries) + self.outbox.fragments()

@@ -14,6 +14,7 @@ from steptally.client.reporter.fake import FakeService
 
 def test_exported_members() -> None:
     assert set(reporter_module.__all__) == {
+        "Closed",
         "FragmentError",
         "IdentityError",
         "Reporter",
