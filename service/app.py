@@ -31,7 +31,7 @@ from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
-from steptally.service.settings import Settings
+from steptally.service.settings import Settings, database_limits
 from steptally.service.store.schema import check_current
 from steptally.service.store.sql import SqlStore
 from steptally.service.telemetry import Telemetry
@@ -49,7 +49,10 @@ def create_app(
     """Build the service. ``clock`` and ``sweep=False`` exist for tests."""
     settings = settings or Settings()
     store = SqlStore.from_url(
-        settings.database_url, settings.ingest_group_max_batches, settings.ingest_group_max_bytes
+        settings.database_url,
+        settings.ingest_group_max_batches,
+        settings.ingest_group_max_bytes,
+        database_limits(settings),
     )
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)

@@ -12,15 +12,16 @@ Options fall back to the ``STEPTALLY_*`` environment variables of
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
+from sqlalchemy import exc as sql_errors
 
 from steptally.service.errors import NotMigrated
-from steptally.service.settings import Settings
+from steptally.service.settings import Settings, database_limits
 
 app = typer.Typer(
     name="steptally",
@@ -34,9 +35,31 @@ DatabaseUrl = Annotated[
 ]
 
 
+# what a database URL that is wrong, or a database that is away, raises
+DATABASE_FAULTS = (sql_errors.OperationalError, sql_errors.InterfaceError, sql_errors.ArgumentError)
+
+
 def settings_with(**overrides: Any) -> Settings:
-    """Settings from the environment, with the options given on the command line."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    """Settings from the environment, with the options given on the command line; an
+    invalid one is one line on stderr and exit status 2."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        _fail(f"invalid setting {where}: {first['msg']}")
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"steptally: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _unreachable(url: str, exc: Exception) -> NoReturn:
+    """One line for a database that cannot be reached (no traceback)."""
+    cause = getattr(exc, "orig", None) or exc
+    reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    _fail(f"cannot reach the database {_safe(url)}: {reason}")
 
 
 @app.command()
@@ -45,7 +68,10 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     from steptally.service.store.schema import upgrade
 
     settings = settings_with(database_url=database_url)
-    upgrade(settings.database_url)
+    try:
+        upgrade(settings.database_url)
+    except DATABASE_FAULTS as exc:
+        _unreachable(settings.database_url, exc)
     typer.echo(f"the database is at the newest schema version: {_safe(settings.database_url)}")
 
 
@@ -64,38 +90,22 @@ def serve(
     same settings; SQL stays the only source of truth and a step is finalised under
     its row lock, so any number of processes answer alike.
     """
-    import uvicorn
-
-    from steptally.service.app import create_app
+    from steptally.service.serving import serve as serve_until_stopped
     from steptally.service.store.engine import make_engine
     from steptally.service.store.schema import check_current
 
     settings = settings_with(database_url=database_url, host=host, port=port)
-    engine = make_engine(settings.database_url)
     try:
+        engine = make_engine(settings.database_url, database_limits(settings))
         check_current(engine, settings.database_url)
-    except NotMigrated as exc:
-        typer.echo(f"steptally: cannot serve: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-    finally:
         engine.dispose()
-    if workers == 1:
-        uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, log_level="warning"
-        )
-        return
-    # each worker process reads its settings from the environment
-    # (an unset setting stays unset: the string "None" would not parse)
-    exported = {k: v for k, v in settings.model_dump().items() if v is not None}
-    os.environ.update({f"STEPTALLY_{k.upper()}": str(v) for k, v in exported.items()})
-    uvicorn.run(
-        "steptally.service.app:create_app",
-        factory=True,
-        workers=workers,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-    )
+    except NotMigrated as exc:
+        _fail(f"cannot serve: {exc.message}")
+    except DATABASE_FAULTS as exc:
+        _unreachable(settings.database_url, exc)
+    status = serve_until_stopped(settings, workers)
+    if status != 0:
+        _fail(f"cannot serve: the {workers} workers did not start (see above)")
 
 
 @app.command()
@@ -201,7 +211,10 @@ def sync(
 def _safe(url: str) -> str:
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sql_errors.ArgumentError:
+        return repr(url)
 
 
 def main() -> None:

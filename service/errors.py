@@ -19,7 +19,10 @@
     │   ├── UnknownMetric              unknown_metric
     │   ├── InvalidValue               invalid_value
     │   └── RankOutOfRange             rank_out_of_range
-    └── NotMigrated                503 not_migrated (the database schema is not at head)
+    ├── NotMigrated                503 not_migrated (the database schema is not at head)
+    └── Unavailable                503 unavailable (the database did not answer in time)
+
+Every 503 answer carries ``Retry-After``.
 
 ``message`` is a sentence a person can act on; ``where`` locates the offending item
 (``fragments[3].values.loss``) or is None. ``service/api/errors.py`` is the one place
@@ -119,3 +122,8 @@ class RankOutOfRange(Invalid):
 class NotMigrated(ServiceError):
     status = 503
     code = "not_migrated"
+
+
+class Unavailable(ServiceError):
+    status = 503
+    code = "unavailable"

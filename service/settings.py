@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from steptally.service.store.engine import DatabaseLimits
+
 DEFAULT_DATABASE_URL = "sqlite:///./var/steptally.sqlite3"
 
 
@@ -32,6 +34,12 @@ class Settings(BaseSettings):
     # bench and lengthened the completing request (bench/README.md, Ingest)
     ingest_group_max_batches: int | None = Field(default=None, ge=1)
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # every wait on the database is bounded (service/store/engine.py): a hung database
+    # answers 503 unavailable with Retry-After; /readyz answers within its own timeout
+    database_statement_timeout_s: float = Field(default=30.0, gt=0)
+    database_pool_timeout_s: float = Field(default=10.0, gt=0)
+    database_connect_timeout_s: float = Field(default=5.0, gt=0)
+    readyz_timeout_s: float = Field(default=2.0, gt=0)
     # replicas: with a Redis URL, every replica's event streams see every replica's
     # finalisations (service/coordination/); unset, each process has its own hub
     redis_url: str | None = None
@@ -45,6 +53,14 @@ class Settings(BaseSettings):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         return url
+
+
+def database_limits(settings: Settings) -> DatabaseLimits:
+    return DatabaseLimits(
+        statement_timeout_s=settings.database_statement_timeout_s,
+        pool_timeout_s=settings.database_pool_timeout_s,
+        connect_timeout_s=settings.database_connect_timeout_s,
+    )
 
 
 def sqlite_path(url: str) -> Path | None:

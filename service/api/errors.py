@@ -4,7 +4,9 @@
 
 Domain errors (:mod:`steptally.service.errors`) carry their status and code;
 FastAPI's validation errors become 422 ``invalid_payload``, or 400 ``bad_json`` when
-the body is not JSON at all. Every error answer is counted in
+the body is not JSON at all; a database that fails to answer in time (a statement,
+pool or connect timeout, a lost connection) is 503 ``unavailable``. Every 503 carries
+``Retry-After``. Every error answer is counted in
 ``steptally_requests_rejected_total{code}``.
 """
 
@@ -13,12 +15,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
 from steptally.service.api.response import JsonResponse
-from steptally.service.errors import ServiceError
+from steptally.service.errors import ServiceError, Unavailable
+
+RETRY_AFTER_S = 5
+# what a database that hangs, restarts or is away raises (psycopg's QueryCanceled, the
+# statement timeout, is an OperationalError, raised bare from its pipeline mode; the
+# pool's timeout is TimeoutError)
+DATABASE_AWAY = (
+    sql_errors.OperationalError,
+    sql_errors.InterfaceError,
+    sql_errors.TimeoutError,
+    psycopg.OperationalError,
+)
 
 
 def error_response(
@@ -28,12 +43,18 @@ def error_response(
     if telemetry is not None:
         telemetry.rejected(code)
     body = {"error": {"code": code, "message": message, "where": where}}
-    return JsonResponse(body, status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JsonResponse(body, status_code=status, headers=headers)
 
 
 async def _service_error(request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, ServiceError)
     return error_response(request, exc.status, exc.code, exc.message, exc.where)
+
+
+async def _database_away(request: Request, exc: Exception) -> JsonResponse:
+    away = Unavailable(f"the database did not answer in time ({type(exc).__name__}); retry")
+    return await _service_error(request, away)
 
 
 def _location(loc: Sequence[Any]) -> str | None:
@@ -65,3 +86,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    for kind in DATABASE_AWAY:
+        app.add_exception_handler(kind, _database_away)

@@ -1,13 +1,16 @@
-"""``/healthz`` (the process answers) and ``/readyz`` (the database answers too)."""
+"""``/healthz`` (the process answers) and ``/readyz`` (the database answers too, with
+its schema at head, within ``readyz_timeout_s``: a hung database is 503, not a hang)."""
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Request
 
 from steptally.service.api.deps import ServiceDep
 from steptally.service.api.errors import error_response
 from steptally.service.api.response import JsonResponse
 from steptally.service.api.schemas import HealthAnswer, errors
+from steptally.service.errors import NotMigrated
 
 router = APIRouter(tags=["health"])
 
@@ -18,9 +21,16 @@ async def healthz() -> JsonResponse:
 
 
 @router.get("/readyz", response_model=HealthAnswer, responses=errors(503))
-def readyz(request: Request, service: ServiceDep) -> JsonResponse:
+async def readyz(request: Request, service: ServiceDep) -> JsonResponse:
+    timeout_s: float = request.app.state.settings.readyz_timeout_s
     try:
-        service.store.ping()
+        with anyio.fail_after(timeout_s):  # the thread is left to its statement timeout
+            await anyio.to_thread.run_sync(service.store.ping, abandon_on_cancel=True)
+    except NotMigrated as exc:
+        return error_response(request, 503, "not_ready", exc.message, None)
+    except TimeoutError:
+        message = f"the database did not answer within {timeout_s:g} s"
+        return error_response(request, 503, "not_ready", message, None)
     except Exception as exc:  # any failure of the database means not ready
         message = f"the database does not answer: {type(exc).__name__}"
         return error_response(request, 503, "not_ready", message, None)

@@ -35,7 +35,8 @@ from steptally.service.store.base import (
     SeriesRows,
     StepRecord,
 )
-from steptally.service.store.engine import make_engine, transaction
+from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
+from steptally.service.store.schema import check_current
 from steptally.service.store.sql_group import GroupCommit, Pending
 from steptally.service.store.sql_run import load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
@@ -50,6 +51,7 @@ class SqlStore:
         self, engine: Engine, group_max_batches: int = 64, group_max_bytes: int = 16 << 20
     ) -> None:
         self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=False)
         sqlite = engine.dialect.name == "sqlite"
         self._writers: contextlib.AbstractContextManager[object] = (
             threading.Lock() if sqlite else contextlib.nullcontext()
@@ -62,14 +64,20 @@ class SqlStore:
 
     @classmethod
     def from_url(
-        cls, url: str, group_max_batches: int | None = None, group_max_bytes: int = 16 << 20
+        cls,
+        url: str,
+        group_max_batches: int | None = None,
+        group_max_bytes: int = 16 << 20,
+        limits: DatabaseLimits | None = None,
     ) -> SqlStore:
         """A store over ``url``; ``group_max_batches`` None picks the database's default
         (64 on SQLite, 1 — no grouping — on PostgreSQL)."""
-        engine = make_engine(url)
+        engine = make_engine(url, limits)
         if group_max_batches is None:
             group_max_batches = 64 if engine.dialect.name == "sqlite" else 1
-        return cls(engine, group_max_batches, group_max_bytes)
+        store = cls(engine, group_max_batches, group_max_bytes)
+        store.url = url
+        return store
 
     def close(self) -> None:
         self.engine.dispose()
@@ -80,8 +88,10 @@ class SqlStore:
             yield conn
 
     def ping(self) -> None:
+        """Raise unless the database answers and its schema is at head (``NotMigrated``)."""
         with transaction(self.engine, write=False) as conn:
             conn.execute(select(1))
+        check_current(self.engine, self.url)
 
     # -- runs -------------------------------------------------------------------------
 

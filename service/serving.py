@@ -1,0 +1,71 @@
+"""Running the service under uvicorn: one process, or N workers that must all start.
+
+With ``--workers N`` each worker process builds its own app from the settings, which
+the parent hands over as ``STEPTALLY_*`` environment variables. A worker that cannot
+build its app (:func:`worker_app`) or start it exits with uvicorn's start-failure
+status; uvicorn's supervisor then stops instead of restarting workers that would fail
+the same way forever, and :func:`serve` returns that status, so ``steptally serve
+--workers N`` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import uvicorn
+from fastapi import FastAPI
+from pydantic import ValidationError
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
+
+from steptally.service.settings import Settings
+
+APP_FACTORY = "steptally.service.serving:worker_app"
+
+
+def serve(settings: Settings, workers: int) -> int:
+    """Serve until stopped; the exit status (non-zero: the service never started)."""
+    if workers == 1:
+        from steptally.service.app import create_app
+
+        # uvicorn exits with STARTUP_FAILURE itself when the app does not start
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, log_level="warning"
+        )
+        return 0
+    export(settings)
+    config = uvicorn.Config(
+        APP_FACTORY,
+        factory=True,
+        workers=workers,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+    )
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    failed = [p for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
+    return STARTUP_FAILURE if failed else 0
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process, from the settings in the environment."""
+    from steptally.service.app import create_app
+
+    try:
+        return create_app(Settings())
+    except Exception as exc:  # whatever it is, every restart would meet it again
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            reason = f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        print(f"steptally: a worker cannot start: {reason}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)
+
+
+def export(settings: Settings) -> None:
+    """Put ``settings`` in the environment, where each worker process reads them
+    (an unset setting stays unset: the string "None" would not parse)."""
+    exported = {k: v for k, v in settings.model_dump().items() if v is not None}
+    os.environ.update({f"STEPTALLY_{k.upper()}": str(v) for k, v in exported.items()})
