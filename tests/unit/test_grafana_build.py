@@ -106,7 +106,8 @@ def test_compose_runs_grafana_provisioned_from_deploy() -> None:
     assert hosts == {"prometheus", "postgres"} and hosts <= set(services)
     prometheus = _yaml(DEPLOY / "prometheus" / "prometheus.yml")
     (job,) = prometheus["scrape_configs"]
-    assert job["static_configs"][0]["targets"] == ["steptally:8000"]
+    replicas = ["steptally-1:8000", "steptally-2:8000", "steptally-3:8000"]
+    assert job["static_configs"][0]["targets"] == replicas
     config = "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"
     assert config in services["prometheus"]["volumes"]
 

@@ -1,0 +1,109 @@
+"""The production stack in docker-compose.yml, checked from the files themselves:
+pinned images, a healthcheck on every long-running service, start order, three
+replicas sharing one database and one Redis behind the load balancer, Redis with an
+append-only file, and Prometheus scraping every replica."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLICAS = ["steptally-1", "steptally-2", "steptally-3"]
+ONE_SHOT = {"migrate"}
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    found: dict[str, Any] = compose["services"]
+    return found
+
+
+def _replicas(services: dict[str, Any]) -> list[str]:
+    return sorted(n for n, s in services.items() if "serve" in s.get("command", []))
+
+
+def test_docker_compose_accepts_the_file() -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed")
+    done = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_every_image_from_a_registry_is_pinned_to_a_version(services: dict[str, Any]) -> None:
+    pulled = {n: s["image"] for n, s in services.items() if "build" not in s}
+    assert set(pulled) == {"postgres", "redis", "loadbalancer", "prometheus", "grafana"}
+    for name, image in pulled.items():
+        tag = image.rpartition(":")[2]
+        assert re.fullmatch(r"v?\d+\.\d+(\.\d+)?(-[a-z]+)?", tag), (name, image)
+
+
+def test_every_long_running_service_has_a_healthcheck_and_restarts(
+    services: dict[str, Any],
+) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert service["restart"] == "no"
+            continue
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD" and len(test) > 1, name
+        assert service["restart"] == "unless-stopped", name
+
+
+def test_three_replicas_share_one_database_and_one_redis(services: dict[str, Any]) -> None:
+    assert _replicas(services) == REPLICAS
+    envs = [services[n]["environment"] for n in REPLICAS]
+    assert envs[0] == envs[1] == envs[2] == services["migrate"]["environment"]
+    assert envs[0]["STEPTALLY_DATABASE_URL"].split("@")[1] == "postgres:5432/steptally"
+    assert envs[0]["STEPTALLY_REDIS_URL"] == "redis://redis:6379/0"
+    assert "ports" not in services["steptally-1"]  # reached through the load balancer
+
+
+def test_start_order_waits_for_what_each_service_needs(services: dict[str, Any]) -> None:
+    for name in REPLICAS:
+        assert services[name]["depends_on"] == {
+            "postgres": {"condition": "service_healthy"},
+            "redis": {"condition": "service_healthy"},
+            "migrate": {"condition": "service_completed_successfully"},
+        }
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    healthy_replicas = {n: {"condition": "service_healthy"} for n in REPLICAS}
+    assert services["loadbalancer"]["depends_on"] == healthy_replicas
+    assert services["prometheus"]["depends_on"] == healthy_replicas
+    assert services["grafana"]["depends_on"]["prometheus"] == {"condition": "service_healthy"}
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume(services: dict[str, Any]) -> None:
+    command = services["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert services["redis"]["volumes"] == ["redisdata:/data"]
+
+
+def test_the_load_balancer_sends_to_every_replica() -> None:
+    conf = (ROOT / "deploy/nginx/nginx.conf").read_text()
+    upstream = re.search(r"upstream steptally \{(.*?)\}", conf, re.S)
+    assert upstream is not None
+    servers = re.findall(r"server (\S+?):8000", upstream.group(1))
+    assert servers == REPLICAS
+    assert "proxy_buffering off;" in conf  # event streams pass through at once
+
+
+def test_prometheus_scrapes_every_replica(services: dict[str, Any]) -> None:
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    (static,) = job["static_configs"]
+    assert static["targets"] == [f"{n}:8000" for n in _replicas(services)]
+    mount = services["prometheus"]["volumes"][0]
+    assert mount.startswith("./deploy/prometheus/prometheus.yml:")
