@@ -6,6 +6,15 @@ numbers to float, and for CUDA tensors start a non-blocking copy into pinned hos
 memory followed by a CUDA event. Nothing here synchronises with a device; the
 background thread waits on the event (:meth:`Entry.resolve`).
 
+A one-element host tensor of a ``sum``, ``min`` or ``max`` is checked here but read on
+the background thread: each torch call that reads a value releases the GIL, and a
+training thread that gives the GIL away while the background thread works waits up
+to a switch interval (5 ms) to get it back, so 32 ``Tensor.item()`` calls in one
+``log()`` made its p99 milliseconds. Here only attribute reads happen (no GIL hand-off);
+the tensor is kept with its ``_version``, and the background thread's reading is
+refused (counted, logged) if the tensor was changed in place after ``log()``. Count
+tensors are read here, so that a wrong count raises at once.
+
 A ``sum`` metric may be logged as a 1-d tensor of exact parts (the loss's sum
 fragments: float64 values whose real sum is the fragment's exact value). The copy
 carries them like any value; the background thread turns them into the wire's
@@ -30,11 +39,30 @@ Tails = dict[int, tuple[float, ...]]
 class _Staged:
     """Device values on their way to pinned host memory: one copy and event per device."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("held", "parts")
 
-    def __init__(self, parts: list[tuple[list[int], list[int], Any, Any, Any]]) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[list[int], list[int], Any, Any, Any]],
+        held: list[tuple[int, Any, int]] | None = None,
+    ) -> None:
         # (indices, sizes, pinned host tensor, event, device source kept alive)
         self.parts = parts
+        self.held = held or []  # (index, host tensor, its _version at log())
+
+    def read_held(self, values: list[float], names: tuple[str, ...]) -> str | None:
+        """Read the held host tensors; a reason if one changed since ``log()``."""
+        reason = None
+        for i, t, version in self.held:
+            x = t.item()
+            values[i] = float(x)
+            if t._version != version and reason is None:
+                reason = (
+                    f"metric {names[i]!r}: the tensor was changed in place after log(); "
+                    "log a fresh tensor (or .clone() it)"
+                )
+        self.held = []
+        return reason
 
     def wait(self, values: list[float], tails: Tails) -> None:
         for indices, sizes, host, event, _source in self.parts:
@@ -84,8 +112,11 @@ class Entry:
         """Wait for device values (off the training thread); a reason if one is invalid."""
         if self.staged is None:
             return None
+        changed = self.staged.read_held(self.values, self.names)
         self.staged.wait(self.values, self.tails)
         self.staged = None
+        if changed is not None:
+            return changed
         for i in self.counts or ():
             if not _is_count(self.values[i]):
                 return _count_message(self.names[i], self.values[i])
@@ -139,6 +170,7 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
     names = tuple(fragments)
     values: list[float] = []
     device: list[int] = []
+    held: list[tuple[int, Any, int]] = []
     tails: Tails = {}
     tensor = getattr(sys.modules.get("torch"), "Tensor", None)
     for name, v in fragments.items():
@@ -154,6 +186,11 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             device.append(len(values))
             values.append(0.0)
             continue
+        elif t is tensor and not v.is_cuda and kind is not Kind.COUNT:  # type: ignore[attr-defined]
+            _check_host_scalar(name, v)
+            held.append((len(values), v, v._version))  # type: ignore[attr-defined]
+            values.append(0.0)
+            continue
         elif t is tensor and not v.is_cuda:  # type: ignore[attr-defined]
             x = _host_tensor_value(name, v)
         else:
@@ -167,10 +204,22 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             raise FragmentError(_count_message(name, v))
         values.append(x)
     if not device:
-        return Entry(step, names, values, tails=tails)
+        if not held:
+            return Entry(step, names, values, tails=tails)
+        return Entry(step, names, values, _Staged([], held), None, tails)
     counts = [i for i in device if kinds[names[i]] is Kind.COUNT]
     staged = _stage([fragments[names[i]] for i in device], device)
+    staged.held = held
     return Entry(step, names, values, staged, counts, tails)
+
+
+def _check_host_scalar(name: str, v: Any) -> None:
+    """What ``_host_tensor_value`` checks, by attribute reads only (no GIL hand-off)."""
+    if v.numel() != 1:
+        raise _shape_error(name, v)
+    dtype = v.dtype
+    if dtype.is_complex or dtype is sys.modules["torch"].bool:
+        raise _dtype_error(name, v)
 
 
 def _is_parts(name: str, v: Any, kind: Kind) -> bool:

@@ -253,3 +253,22 @@ def test_cuda_tensors_arrive_without_a_sync_on_the_calling_thread(
     assert service.fragments[0, 0, 2] == {"loss_num": (3.0, 2.0**-80), "tokens": 11.0}
     assert reporter.stats().rejected == 1
     assert "'tokens' is a count" in (reporter.stats().last_error or "")
+
+
+def test_a_cpu_tensor_is_read_off_thread_and_refused_if_changed_in_place() -> None:
+    from steptally.client.algebra import Kind
+    from steptally.client.reporter.capture import Capture
+
+    capture = Capture({"a": Kind.SUM, "m": Kind.MAX, "n": Kind.COUNT})
+    fresh, kept = torch.tensor(1.5), torch.tensor(2.0, dtype=torch.float32)
+    entry = capture(0, {"a": fresh, "m": kept, "n": torch.tensor(3)})
+    assert entry.values == [0.0, 0.0, 3.0]  # the count is read (and checked) at once
+    assert entry.resolve() is None and entry.values == [1.5, 2.0, 3.0]
+    changed = capture(1, {"a": fresh, "m": kept})
+    kept.add_(1.0)
+    reason = changed.resolve()
+    assert reason is not None and "'m': the tensor was changed in place after log()" in reason
+    with pytest.raises(FragmentError, match="not a real number"):
+        capture(2, {"a": torch.tensor(True)})
+    with pytest.raises(FragmentError, match="exactly one element"):
+        capture(2, {"m": torch.tensor([[1.0, 2.0]])})
