@@ -17,6 +17,12 @@ UID = "steptally-live"
 RUN = 'run=~"$run"'
 
 
+def gauge(name: str, by: str = "run", match: str = RUN) -> str:
+    """A per-run gauge that every replica exposes alike (each reads the same database):
+    one series per run, not one per replica."""
+    return f"max by ({by}) ({name}{{{match}}})"
+
+
 def _progress_row(dashboard: Dashboard) -> Dashboard:
     return (
         dashboard.with_row(Row("Progress"))
@@ -24,21 +30,17 @@ def _progress_row(dashboard: Dashboard) -> Dashboard:
             figure(
                 "Last finalised step",
                 "none",
-                (f"steptally_last_finalised_step{{{RUN}}}", "{{run}}"),
+                (gauge("steptally_last_finalised_step"), "{{run}}"),
             )
         )
-        .with_panel(figure("Open steps", "none", (f"steptally_open_steps{{{RUN}}}", "{{run}}")))
-        .with_panel(
-            figure("Partial steps", "none", (f"steptally_partial_steps{{{RUN}}}", "{{run}}"))
-        )
-        .with_panel(
-            figure("Missing ranks", "none", (f"steptally_missing_ranks{{{RUN}}}", "{{run}}"))
-        )
+        .with_panel(figure("Open steps", "none", (gauge("steptally_open_steps"), "{{run}}")))
+        .with_panel(figure("Partial steps", "none", (gauge("steptally_partial_steps"), "{{run}}")))
+        .with_panel(figure("Missing ranks", "none", (gauge("steptally_missing_ranks"), "{{run}}")))
     )
 
 
 def _values_row(dashboard: Dashboard) -> Dashboard:
-    values = f'steptally_metric_value{{{RUN}, metric=~"$metric"}}'
+    values = gauge("steptally_metric_value", "run, metric", f'{RUN}, metric=~"$metric"')
     steps = f"sum by (run) (rate(steptally_steps_finalised_total{{{RUN}}}[$__rate_interval])) * 60"
     fragments = (
         f"sum by (run) (rate(steptally_fragments_accepted_total{{{RUN}}}[$__rate_interval]))"
@@ -52,8 +54,8 @@ def _values_row(dashboard: Dashboard) -> Dashboard:
             graph(
                 "Partial steps and missing ranks",
                 "none",
-                (f"steptally_partial_steps{{{RUN}}}", "{{run}} partial steps"),
-                (f"steptally_missing_ranks{{{RUN}}}", "{{run}} missing ranks"),
+                (gauge("steptally_partial_steps"), "{{run}} partial steps"),
+                (gauge("steptally_missing_ranks"), "{{run}} missing ranks"),
             ).span(24)
         )
     )

@@ -71,7 +71,7 @@ def _ingest_row(dashboard: Dashboard) -> Dashboard:
             graph("Finalise latency", "s", *_quantiles("steptally_finalise_seconds", "", ""))
         )
         .with_panel(
-            graph("Open steps", "none", (f"sum by (run) (steptally_open_steps{run})", "{{run}}"))
+            graph("Open steps", "none", (f"max by (run) (steptally_open_steps{run})", "{{run}}"))
         )
     )
 

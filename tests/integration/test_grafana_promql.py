@@ -91,7 +91,9 @@ def _latest_values_and_backlog_are_exact(seeded: Prometheus) -> None:
         t for _, title, t, _ in grafana.targets(grafana.PROMETHEUS) if title == "Latest values"
     ]
     expr = grafana.promql(values["expr"], VALUES)
-    assert expr == 'steptally_metric_value{run=~"grpo", metric=~"(mean|num)"}'
+    # one series per run and metric however many replicas expose it
+    selector = 'steptally_metric_value{run=~"grpo", metric=~"(mean|num)"}'
+    assert expr == f"max by (run, metric) ({selector})"
     # step 1 (num 4, tokens 1) is the latest finalised step
     got = {s["metric"]["metric"]: float(s["value"][1]) for s in seeded.query(expr)}
     assert got == {"mean": 4.0, "num": 4.0}
