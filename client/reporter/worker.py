@@ -2,18 +2,12 @@
 
 The *batcher* thread drains the intake, waits for device values, cuts batches and
 puts them in the outbox; it never touches the network, so the intake keeps draining
-into memory or the spool however slow the service is. The *sender* thread posts the
-oldest parcel, registers the run on first contact, and on a failure that may pass
-spills the outbox to the spool and waits (capped backoff with jitter, or the server's
-Retry-After) before trying the same parcel again. Both threads are daemons, started
-lazily and started again in a forked child.
+into memory or the spool however slow the service is. The *sender* thread runs
+:class:`~.send_loop.SendLoop`. Both threads are daemons, started lazily and started
+again in a forked child; ``start``, ``flush``, ``close`` and the fork are here.
 
-Nothing leaves without being counted: a parcel is delivered (``sent``, less the items
-the service refused, ``rejected``), kept on disk (``spooled``; ``quarantined`` when the
-service would not take it: a 4xx for the whole body, or more than
-``max_server_errors`` 5xx answers in a row), or lost (``dropped``, with the reason in
-``last_error`` and a warning at most every ``WARN_EVERY_S``). When the run cannot be
-registered, every parcel stays in the spool for ``steptally sync``.
+Nothing is lost without being counted: :meth:`Worker.drop` counts it in ``dropped``,
+with the reason in ``last_error`` and a warning at most every ``WARN_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -29,9 +23,10 @@ from steptally.client.reporter.capture import Entry
 from steptally.client.reporter.intake import Intake
 from steptally.client.reporter.options import ReporterOptions
 from steptally.client.reporter.outbox import Outbox, Placed
-from steptally.client.reporter.parcel import Parcel, encode
+from steptally.client.reporter.parcel import encode
 from steptally.client.reporter.retry import Backoff
-from steptally.client.reporter.sender import Answer, Outcome, Sender
+from steptally.client.reporter.send_loop import SendLoop
+from steptally.client.reporter.sender import Sender
 from steptally.client.reporter.stats import Closed, Counters, Stats
 from steptally.client.wire import Commit, FragmentBatch
 
@@ -61,7 +56,6 @@ class Worker:
         base, cap = options.backoff_base_s, options.backoff_max_s
         self.backoff = Backoff(base, cap) if rng is None else Backoff(base, cap, rng)
         self.batcher = Batcher(intake.rank, options)
-        self.registered = False
         self.started = False
         self._fresh_state()
 
@@ -72,9 +66,17 @@ class Worker:
         self._flush_gen = self._served_gen = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._down = False
         self._next_line = time.monotonic() + (self.log_every_s or 0)
-        self._server_errors = 0  # 5xx answers in a row to the head parcel
+        self.send = SendLoop(
+            self.outbox,
+            self.sender,
+            self.options,
+            self.counters,
+            self.backoff,
+            self._stop,
+            self.settle,
+            self.drop,
+        )
         self._next_drop_warning = 0.0
         self._unwarned_drops = 0
 
@@ -85,7 +87,7 @@ class Worker:
             if self.started:
                 return
             self.started = True
-            for name, once in (("batcher", self._batch_once), ("sender", self._send_once)):
+            for name, once in (("batcher", self._batch_once), ("sender", self.send.once)):
                 thread = threading.Thread(
                     target=self._loop, args=(name, once), name=f"steptally-{name}", daemon=True
                 )
@@ -159,7 +161,7 @@ class Worker:
         waiting is spooled, and the next reporter of this run and rank (or ``steptally
         sync``) sends it.
         """
-        if self._down:
+        if self.send.down:
             timeout = min(timeout, DOWN_CLOSE_S)
         deadline = time.monotonic() + timeout
         done = self.flush(timeout)
@@ -234,7 +236,7 @@ class Worker:
         if isinstance(item, Entry) and item.staged is not None:
             reason = item.resolve()
             if reason is not None:
-                self._reject(1, f"rank {self.intake.rank} step {item.step}: {reason}")
+                self.send.reject(1, f"rank {self.intake.rank} step {item.step}: {reason}")
                 self.batcher.settle_dropped(now)
                 return
         self.batcher.add(item, now)
@@ -261,119 +263,3 @@ class Worker:
                 batch = FragmentBatch(commits=commits)
                 self.outbox.put(encode(batch, self.options.gzip_min_bytes, 0), force=True)
             self.settle(parcel.items)
-
-    def _reject(self, fragments: int, message: str) -> None:
-        self.counters.add(rejected=fragments)
-        self.counters.error(message)
-        log.error("steptally: rejected: %s", message)
-
-    # -- the sender thread -------------------------------------------------------------
-
-    def _send_once(self) -> bool:
-        got = self.outbox.head(timeout=0.2)
-        if got is None:
-            return not self._stop.is_set()
-        parcel, body = got
-        if body is None:  # its spool file vanished or cannot be read
-            self._done(parcel)
-            self.drop(parcel.fragments, f"the spooled batch {parcel.path} cannot be read")
-        elif self.counters.failed:
-            self._keep(parcel)
-        elif self.registered or self._register():
-            self._deliver(parcel, body)
-        return not self._stop.is_set()
-
-    def _done(self, parcel: Parcel) -> None:
-        self.outbox.pop(parcel)
-        self._server_errors = 0
-        self.settle(parcel.items)
-
-    def _keep(self, parcel: Parcel) -> None:
-        """Leave ``parcel`` in the spool for ``steptally sync`` (the run is unregistered)."""
-        placed = self.outbox.release(parcel)
-        if placed is Placed.SPOOL:
-            self.counters.add(spooled=parcel.fragments)
-        elif placed is Placed.DROPPED:
-            self.drop(parcel.fragments, f"the spool at {self.spool_dir} is full")
-        self.settle(parcel.items)
-
-    def _quarantine(self, parcel: Parcel, body: bytes, error: str) -> None:
-        where = self.outbox.quarantine(parcel, body, error)
-        self._server_errors = 0
-        if where is None:
-            self.drop(parcel.fragments, f"a refused batch could not be kept: {error}")
-        else:
-            self.counters.add(quarantined=parcel.fragments)
-            self.counters.error(f"{error}; the batch is kept at {where}")
-            log.error("steptally: %s; the batch is kept at %s", error, where)
-        self.settle(parcel.items)
-
-    def _register(self) -> bool:
-        answer = self.sender.register()
-        if answer.outcome is Outcome.OK:
-            self.registered = True
-            return True
-        if answer.outcome is Outcome.RETRY:
-            self._retry(answer)
-            return False
-        self.counters.failed = True
-        self._reject(
-            0,
-            f"the run {self.sender.run!r} could not be registered: {answer.message}; "
-            "nothing more will be delivered by this reporter; what it holds stays in the "
-            f"spool at {self.spool_dir} for `steptally sync`",
-        )
-        return False
-
-    def _deliver(self, parcel: Parcel, body: bytes) -> None:
-        answer = self.sender.post(body, parcel.headers())
-        time.sleep(0)
-        if answer.outcome is Outcome.OK:
-            self._done(parcel)
-            refused = sum(1 for r in answer.refused if r.seq is not None)
-            self.counters.add(sent=parcel.fragments - refused)
-            for r in answer.refused:
-                what = "commit" if r.seq is None else f"fragment seq {r.seq}"
-                self._reject(1, f"step {r.step} rank {r.rank} {what}: {r.code}: {r.message}")
-            self.backoff.reset()
-            if self._down:
-                self._down = False
-                log.warning(
-                    "steptally: the service answers again; sending %d waiting batches in order",
-                    len(self.outbox),
-                )
-        elif answer.outcome is Outcome.UNKNOWN_RUN:
-            self.registered = False
-            self.counters.add(retried=1)
-            log.warning("steptally: the service does not know the run; registering it again")
-            self._stop.wait(self.backoff.next())
-        elif answer.outcome is Outcome.RETRY:
-            if self._poisoned(answer):
-                self._quarantine(parcel, body, f"{self._server_errors} answers {answer.message}")
-            else:
-                self._retry(answer)
-        else:
-            self.counters.add(rejected=parcel.fragments)
-            self._quarantine(parcel, body, answer.message)
-
-    def _poisoned(self, answer: Answer) -> bool:
-        """Whether the head parcel has had too many 5xx answers (503 means "away")."""
-        if answer.status is None or answer.status < 500 or answer.status == 503:
-            self._server_errors = 0
-            return False
-        self._server_errors += 1
-        return self._server_errors > self.options.max_server_errors
-
-    def _retry(self, answer: Answer) -> None:
-        if not self._down:
-            log.warning(
-                "steptally: the service is not answering (%s); spooling to %s and retrying",
-                answer.message,
-                self.outbox.spool.directory,
-            )
-        self._down = True  # before the counters: whoever sees them sees this too
-        moved = self.outbox.spill()
-        self.counters.add(retried=1, spooled=sum(p.fragments for p in moved))
-        self.counters.error(answer.message)
-        delay = self.backoff.next(answer.retry_after, self.options.max_retry_after_s)
-        self._stop.wait(delay)
