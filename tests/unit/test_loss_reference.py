@@ -489,14 +489,15 @@ def kl_side(config: ClippedPGConfig, b: Batch, m: Masks, ref: Reference) -> None
 
 def mismatch_side(config: ClippedPGConfig, b: Batch, m: Masks, ref: Reference) -> None:
     """The four mismatch metrics over full ∧ keep(prev)."""
+    kind = config.reference_policy_kl_type
     for name in (D.TOKEN_MULT_PROB_ERROR, D.GEN_KL_ERROR, D.POLICY_KL_ERROR, D.JS_DIVERGENCE_ERROR):
         ref.tally(f"{name}_num")
     for i in range(len(b.token)):
         for t in positions(m.mismatch, i):
-            terms = mismatch_terms(m.prev[i][t], b.gen[i][t], config.reference_policy_kl_type)
+            terms = mismatch_terms(m.prev[i][t], b.gen[i][t], kind)
             for name, (value, size) in terms.items():
-                exact = name != D.TOKEN_MULT_PROB_ERROR and config.reference_policy_kl_type == "k1"
-                exact = exact and name != D.JS_DIVERGENCE_ERROR  # k1 of a difference: exact
+                # k1 of a difference is the difference itself: exact
+                exact = kind == "k1" and name in (D.GEN_KL_ERROR, D.POLICY_KL_ERROR)
                 ref.tally(f"{name}_num").add(b.sample[i], value, None if exact else size)
 
 
