@@ -12,6 +12,9 @@ its own. The names (``/metrics`` shows the HELP text of each):
 * ``steptally_fragments_accepted_total{run}`` — fragments stored;
 * ``steptally_fragments_duplicate_total{run}`` — fragments received again with the same
   values (acknowledged, stored once);
+* ``steptally_fragments_rejected_total{run, code}`` — fragments not stored, by the error
+  code that refused them: every fragment of a batch refused whole, and each fragment
+  a partial batch left out;
 * ``steptally_requests_rejected_total{code}`` — requests answered with an error, by the
   error code of the JSON answer (``fragment_conflict``, ``invalid_payload``, ...); a
   rejected batch stores none of its fragments;
@@ -53,6 +56,12 @@ class Telemetry:
             "steptally_fragments_duplicate_total",
             "Fragments received again with the same values (acknowledged, stored once).",
             ["run"],
+            registry=registry,
+        )
+        self.fragments_rejected = Counter(
+            "steptally_fragments_rejected_total",
+            "Fragments not stored, by the error code that refused them.",
+            ["run", "code"],
             registry=registry,
         )
         self.commits = Counter(
@@ -98,6 +107,10 @@ class Telemetry:
         for step in steps:
             self.steps_finalised.labels(step.run, step.status.value).inc()
             self.finalise_seconds.observe(seconds)
+
+    def fragments_refused(self, run: str, code: str, n: int = 1) -> None:
+        if n:
+            self.fragments_rejected.labels(run, code).inc(n)
 
     def rejected(self, code: str) -> None:
         self.requests_rejected.labels(code).inc()

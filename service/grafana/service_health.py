@@ -2,7 +2,8 @@
 
 Requests by route template and HTTP status come from
 ``steptally_http_request_duration_seconds`` (its ``_count`` is the request count);
-rejections by error code from ``steptally_requests_rejected_total``; ingest from
+rejections by error code from ``steptally_requests_rejected_total`` (requests) and
+``steptally_fragments_rejected_total`` (fragments); ingest from
 the fragment and batch counters; finalisation latency from
 ``steptally_finalise_seconds``; the backlog from ``steptally_open_steps``.
 """
@@ -55,6 +56,7 @@ def _ingest_row(dashboard: Dashboard) -> Dashboard:
     run = '{run=~"$run"}'
     accepted = f"sum by (run) (rate(steptally_fragments_accepted_total{run}{RATE}))"
     duplicate = f"sum by (run) (rate(steptally_fragments_duplicate_total{run}{RATE}))"
+    refused = f"sum by (run, code) (rate(steptally_fragments_rejected_total{run}{RATE}))"
     batches = f"sum(rate(steptally_batches_total{RATE}))"
     return (
         dashboard.with_row(Row("Ingest and finalisation"))
@@ -64,6 +66,7 @@ def _ingest_row(dashboard: Dashboard) -> Dashboard:
                 "ops",
                 (accepted, "{{run}} fragments stored"),
                 (duplicate, "{{run}} duplicates"),
+                (refused, "{{run}} refused: {{code}}"),
                 (batches, "batches"),
             )
         )

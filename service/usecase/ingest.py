@@ -21,10 +21,16 @@ from typing import Any
 
 import orjson
 
-from steptally.client.wire import WireError, decode_batch
+from steptally.client.wire import FragmentBatch, WireError, decode_batch
 from steptally.service.domain.batch import PreparedBatch, Rejection, prepare
 from steptally.service.domain.run import RunRecord
-from steptally.service.errors import BadJson, Conflict, InvalidPayload, UnknownMetric
+from steptally.service.errors import (
+    BadJson,
+    Conflict,
+    InvalidPayload,
+    ServiceError,
+    UnknownMetric,
+)
 from steptally.service.store.base import FinalisedStep, IngestOutcome, Store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.run_registry import RunDirectory
@@ -53,8 +59,16 @@ class Ingest:
         """Store the batch in ``body``; ``arrived`` is the request's ``perf_counter``."""
         arrived = time.perf_counter() if arrived is None else arrived
         run = self._runs.get(run_name)
-        batch = _prepare(self._runs, run, parse(body), partial)
-        outcome = self._store_partial(run, batch) if partial else self._store_all(run, batch)
+        decoded, columnar = decode(parse(body))
+        try:
+            batch = _prepare(self._runs, run, decoded, columnar, partial)
+            outcome = self._store_partial(run, batch) if partial else self._store_all(run, batch)
+        except ServiceError as exc:  # the batch is refused whole
+            self._telemetry.fragments_refused(run.name, exc.code, len(decoded.steps))
+            raise
+        for r in batch.rejected:
+            if r.seq is not None:
+                self._telemetry.fragments_refused(run.name, r.code)
         self._telemetry.batch_stored(run.name, outcome, time.perf_counter() - arrived)
         if outcome.finalised:
             self._published(outcome.finalised)
@@ -86,14 +100,18 @@ def parse(body: bytes) -> tuple[Any, bool]:
     return data, isinstance(data, dict) and data.get("columnar") is not None
 
 
-def _prepare(
-    runs: RunDirectory, run: RunRecord, parsed: tuple[Any, bool], partial: bool
-) -> PreparedBatch:
+def decode(parsed: tuple[Any, bool]) -> tuple[FragmentBatch, bool]:
+    """The body's fragments and commits, and whether it came in the compact form."""
     data, columnar = parsed
     try:
-        batch = decode_batch(data)
+        return decode_batch(data), columnar
     except WireError as exc:
         raise InvalidPayload(exc.message, exc.where or None) from None
+
+
+def _prepare(
+    runs: RunDirectory, run: RunRecord, batch: FragmentBatch, columnar: bool, partial: bool
+) -> PreparedBatch:
     try:
         return prepare(run, batch, columnar, partial)
     except UnknownMetric:  # perhaps registered since the run was cached

@@ -34,6 +34,10 @@ def test_ingest_counters(api: Api, app: Any, clock: Any) -> None:
     assert _sample(app, "steptally_batches_total") == 4
     assert _sample(app, "steptally_requests_rejected_total", code="fragment_conflict") == 1
     assert _sample(app, "steptally_requests_rejected_total", code="rank_out_of_range") == 1
+    # the fragments those two batches carried, refused whole
+    rejected = "steptally_fragments_rejected_total"
+    assert _sample(app, rejected, run="r", code="fragment_conflict") == 1
+    assert _sample(app, rejected, run="r", code="rank_out_of_range") == 1
     assert _sample(app, "steptally_steps_finalised_total", run="r", status="complete") == 1
     assert _sample(app, "steptally_steps_finalised_total", run="r", status="partial") == 1
     assert _sample(app, "steptally_finalise_seconds_count") == 2
@@ -98,3 +102,23 @@ def test_a_request_that_raises_is_timed_as_500() -> None:
     labels = {"method": "GET", "route": "/boom/{n}", "status": "500"}
     name = "steptally_http_request_duration_seconds_count"
     assert telemetry.registry.get_sample_value(name, labels) == 2
+
+
+def test_fragments_left_out_of_a_partial_batch_are_counted_by_code(api: Api, app: Any) -> None:
+    api.register(world_size=2)
+    api.send([(0, 0, 0, {"a": 1.0})])
+    body = {
+        "fragments": [
+            {"step": 0, "rank": 0, "seq": 0, "values": {"a": 2.0}},  # conflict
+            {"step": 0, "rank": 5, "seq": 0, "values": {"a": 1.0}},  # no such rank
+            {"step": 0, "rank": 9, "seq": 0, "values": {"a": 1.0}},  # no such rank
+            {"step": 1, "rank": 0, "seq": 0, "values": {"a": 1.0}},  # stored
+        ]
+    }
+    answer = api.client.post("/v1/runs/r/fragments?partial=true", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == 1
+    rejected = "steptally_fragments_rejected_total"
+    assert _sample(app, rejected, run="r", code="fragment_conflict") == 1
+    assert _sample(app, rejected, run="r", code="rank_out_of_range") == 2
+    assert _sample(app, "steptally_fragments_accepted_total", run="r") == 2
