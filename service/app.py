@@ -29,9 +29,12 @@ from steptally.service.api import docs, errors, events, fragments, health, metri
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
+from steptally.service.coordination.schedule import DeadlineSchedule
+from steptally.service.coordination.store import CoordinatedStore
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
 from steptally.service.settings import Settings, database_limits
+from steptally.service.store.base import Store
 from steptally.service.store.schema import check_current
 from steptally.service.store.sql import SqlStore
 from steptally.service.telemetry import Telemetry
@@ -48,12 +51,16 @@ def create_app(
 ) -> FastAPI:
     """Build the service. ``clock`` and ``sweep=False`` exist for tests."""
     settings = settings or Settings()
-    store = SqlStore.from_url(
+    sql = SqlStore.from_url(
         settings.database_url,
         settings.ingest_group_max_batches,
         settings.ingest_group_max_bytes,
         database_limits(settings),
     )
+    store: Store = sql
+    if settings.redis_url is not None:  # open steps scheduled in Redis for every replica
+        keys = RedisKeys(settings.redis_prefix)
+        store = CoordinatedStore(sql, DeadlineSchedule.from_url(settings.redis_url, keys))
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
     registry.register(RunValueCollector(store.exposition_snapshot))
@@ -68,7 +75,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = None
         try:
-            await run_in_threadpool(check_current, store.engine, settings.database_url)
+            await run_in_threadpool(check_current, sql.engine, settings.database_url)
             if fanout is not None:
                 await fanout.start()
             if sweep:

@@ -4,6 +4,10 @@ All names start with a prefix (``STEPTALLY_REDIS_PREFIX``, default ``steptally``
 several deployments, or tests, can share one Redis without seeing each other:
 
     {prefix}:events:finalised    pub/sub channel: every replica's "step finalised" events
+    {prefix}:deadlines           sorted set: open steps ``{run_id}:{step}`` by deadline
+    {prefix}:deadlines:built     string: present once the schedule holds every open step
+    {prefix}:fence               counter: the fencing tokens of claims
+    {prefix}:claim:{run_id}:{step}   string with a lease: the replica finalising that step
 
 Nothing under the prefix is the only copy of anything: PostgreSQL stays the source of
 truth, and wiping Redis loses no data.
@@ -26,3 +30,22 @@ class RedisKeys:
     def finalised_events(self) -> str:
         """The channel on which each replica publishes the steps it finalised."""
         return f"{self.prefix}:events:finalised"
+
+    @property
+    def deadlines(self) -> str:
+        """The sorted set of open steps by deadline (:mod:`.schedule`)."""
+        return f"{self.prefix}:deadlines"
+
+    @property
+    def deadlines_built(self) -> str:
+        """Set once the schedule holds every open step; missing after a wipe."""
+        return f"{self.prefix}:deadlines:built"
+
+    @property
+    def fence(self) -> str:
+        """The counter that numbers claims."""
+        return f"{self.prefix}:fence"
+
+    def claim(self, member: str) -> str:
+        """The claim on one step (``member`` is ``{run_id}:{step}``)."""
+        return f"{self.prefix}:claim:{member}"

@@ -180,12 +180,13 @@ class SqlStore:
             ).all()
         out = []
         for run_id, step in due:
-            done = self._finalise_due(run_id, step, now)
+            done = self.finalise_due(run_id, step, now)
             if done is not None:
                 out.append(done)
         return out
 
-    def _finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
+    def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
+        """Finalise one step as partial if it is still open and due at ``now``."""
         with self._write() as conn:
             row = lock_step(conn, run_id, step)
             if row is None or row.status is not StepStatus.OPEN or row.deadline > now:
@@ -195,6 +196,28 @@ class SqlStore:
             done = finalise_row(conn, run, row, None, now)
             write_steps(conn, run_id, [row])
             return done
+
+    def deadline_of(self, run_id: int, step: int) -> float | None:
+        """An open step's deadline; None when it is not open (or not there)."""
+        with transaction(self.engine, write=False) as conn:
+            return conn.execute(
+                select(STEPS.c.deadline).where(
+                    STEPS.c.run_id == run_id,
+                    STEPS.c.step == step,
+                    STEPS.c.status == StepStatus.OPEN.value,
+                )
+            ).scalar_one_or_none()
+
+    def open_deadlines(self) -> Iterator[tuple[int, int, float]]:
+        """Every open step as ``(run_id, step, deadline)``, read in one transaction."""
+        with transaction(self.engine, write=False) as conn:
+            rows = conn.execute(
+                select(STEPS.c.run_id, STEPS.c.step, STEPS.c.deadline).where(
+                    STEPS.c.status == StepStatus.OPEN.value
+                )
+            ).all()
+        for run_id, step, deadline in rows:
+            yield int(run_id), int(step), float(deadline)
 
     def get_step(self, run: RunRecord, step: int, live: bool = True) -> StepRecord | None:
         with transaction(self.engine, write=False) as conn:

@@ -4,9 +4,7 @@ unreachable, or lost and back, streams degrade to replay from the database."""
 
 from __future__ import annotations
 
-import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,26 +12,22 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import redis
 
 from tests.integration.test_events import Stream
+from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
 from tests.support.served import ServedService, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 FANOUT_S = 0.100
 
 
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     """A private key prefix on the shared Redis, its keys deleted afterwards."""
-    prefix = f"steptally-test-{uuid.uuid4().hex}"
+    prefix = private_prefix()
     yield prefix
-    client = redis.Redis.from_url(SHARED_REDIS)
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
-    client.close()
+    delete_prefix(SHARED_REDIS, prefix)
 
 
 @pytest.fixture
@@ -130,36 +124,6 @@ def test_redis_unreachable_keeps_ingest_and_local_streams(
         on_b.close()
     assert httpx.get(f"{b.url}/v1/runs/r/steps/0").json()["status"] == "complete"
     assert httpx.get(f"{b.url}/readyz").status_code == 200
-
-
-class PrivateRedis:
-    """A ``redis-server`` of this test's own, to stop and start again."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = tmp_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--save", "", "--dir", str(self._dir)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 @pytest.fixture

@@ -1,0 +1,175 @@
+"""The store with Redis coordination: SQL for every byte, Redis for the open-step schedule.
+
+:class:`CoordinatedStore` is a :class:`~steptally.service.store.base.Store` that
+delegates every read and write to the SQL store it wraps, and keeps the shared
+:class:`~steptally.service.coordination.schedule.DeadlineSchedule` beside it:
+
+* ``ingest`` stores the batch first (the answer still waits for the database commit
+  only), then schedules the steps the batch touched at ``now`` + the run's timeout —
+  a step already scheduled keeps its earlier deadline — and unschedules the steps
+  the batch finalised, in one Redis round trip. A failure there is logged and
+  ignored: the step is in the database, and the next rebuild schedules it;
+* ``sweep`` takes the due members of the schedule, claims each, and finalises it
+  through the SQL store's row lock; a member whose step is no longer open is
+  removed, one whose database deadline is later is put back at that deadline;
+* with Redis unreachable, ``sweep`` falls back to the SQL store's scan of open steps
+  by deadline (an index) and ``ingest`` stops talking to Redis (it never waits on a
+  Redis that is away); once a sweep reaches Redis again, it rebuilds the schedule
+  from the database's open steps, and so does the first sweep after a wipe.
+
+So wiping Redis loses nothing, and no step is finalised twice: the database's row
+lock and status check are the fence (see :mod:`.schedule`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Protocol
+
+from redis.exceptions import RedisError
+
+from steptally.service.coordination.schedule import DeadlineSchedule
+from steptally.service.domain.batch import PreparedBatch
+from steptally.service.domain.run import RunRecord
+from steptally.service.store.base import (
+    Decide,
+    FinalisedStep,
+    IngestOutcome,
+    RunSnapshot,
+    RunSummary,
+    SeriesRows,
+    StepRecord,
+    Store,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SchedulableStore(Store, Protocol):
+    """What the schedule needs of the SQL store beyond :class:`Store`."""
+
+    def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
+        """Finalise one step as partial if it is open and due at ``now``."""
+        ...
+
+    def deadline_of(self, run_id: int, step: int) -> float | None:
+        """An open step's deadline; None when the step is not open (or unknown)."""
+        ...
+
+    def open_deadlines(self) -> Iterator[tuple[int, int, float]]:
+        """Every open step as ``(run_id, step, deadline)``."""
+        ...
+
+
+class CoordinatedStore:
+    """A SQL store plus the Redis schedule of open steps."""
+
+    def __init__(self, sql: SchedulableStore, schedule: DeadlineSchedule) -> None:
+        self.sql = sql
+        self.schedule = schedule
+        self._redis_ok = True
+
+    # every Store method but ingest, sweep and close is the SQL store's own
+
+    def register_run(self, name: str, decide: Decide, now: float) -> tuple[RunRecord, bool]:
+        return self.sql.register_run(name, decide, now)
+
+    def get_run(self, name: str) -> RunRecord | None:
+        return self.sql.get_run(name)
+
+    def list_runs(self, after: str | None = None, limit: int | None = None) -> list[RunSummary]:
+        return self.sql.list_runs(after, limit)
+
+    def run_summary(self, name: str) -> RunSummary | None:
+        return self.sql.run_summary(name)
+
+    def get_step(self, run: RunRecord, step: int, live: bool = True) -> StepRecord | None:
+        return self.sql.get_step(run, step, live)
+
+    def list_steps(
+        self, run: RunRecord, start: int | None, end: int | None, limit: int, live: bool = True
+    ) -> list[StepRecord]:
+        return self.sql.list_steps(run, start, end, limit, live)
+
+    def series(
+        self, run: RunRecord, col: int, start: int | None, end: int | None, points: int | None
+    ) -> SeriesRows:
+        return self.sql.series(run, col, start, end, points)
+
+    def finalised_since(
+        self, run: RunRecord, after: tuple[float, int], limit: int
+    ) -> list[StepRecord]:
+        return self.sql.finalised_since(run, after, limit)
+
+    def exposition_snapshot(self) -> list[RunSnapshot]:
+        return self.sql.exposition_snapshot()
+
+    def ping(self) -> None:
+        self.sql.ping()
+
+    def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
+        outcome = self.sql.ingest(run, batch, now)
+        if not self._redis_ok:
+            return outcome  # never wait on a Redis that is away; the rebuild catches up
+        finalised = {f.step for f in outcome.finalised if f.run == run.name}
+        deadline = now + run.step_timeout_s
+        try:
+            self.schedule.update(
+                add=[(run.id, s, deadline) for s in batch.steps() if s not in finalised],
+                remove=[(run.id, s) for s in finalised],
+            )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+        return outcome
+
+    def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
+        try:
+            if not self._redis_ok or not self.schedule.is_built():
+                # after a wipe, or steps opened while Redis was away: schedule them all.
+                # Ingest talks to Redis again *before* the database is read, so a step
+                # committed meanwhile is either in that read or scheduled by its ingest
+                recovering, self._redis_ok = not self._redis_ok, True
+                count = self.schedule.rebuild(self.sql.open_deadlines())
+                if recovering:
+                    log.info("Redis answers again; %d open steps scheduled", count)
+            due = self.schedule.due(now, limit)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            return self.sql.sweep(now, limit)
+        out: list[FinalisedStep] = []
+        for item in due:
+            try:
+                token = self.schedule.claim(item)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                break
+            if token is None:
+                continue  # another replica is finalising it
+            try:
+                done = self.sql.finalise_due(item.run_id, item.step, now)
+                if done is not None:
+                    out.append(done)
+                    self.schedule.remove([(item.run_id, item.step)])
+                    continue
+                deadline = self.sql.deadline_of(item.run_id, item.step)
+                if deadline is None:
+                    self.schedule.remove([(item.run_id, item.step)])
+                else:
+                    self.schedule.reschedule(item.run_id, item.step, deadline)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+            finally:
+                with contextlib.suppress(RedisError, OSError):  # else its lease ends it
+                    self.schedule.release(item, token)
+        return out
+
+    def close(self) -> None:
+        self.schedule.close()
+        self.sql.close()
+
+    def _lost(self, exc: Exception) -> None:
+        if self._redis_ok:
+            log.warning("Redis is unreachable (%s); timing out steps from the database", exc)
+        self._redis_ok = False
