@@ -24,8 +24,9 @@ from sqlalchemy import Connection
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
+from steptally.service.domain.step import Probe, StepState
 from steptally.service.store.sql_statement import STEP_FIELDS
-from steptally.service.store.sql_step import Probe, StepRow, pending_values
+from steptally.service.store.sql_step import pending_values, state_of
 from steptally.service.store.sql_values import UPSERT_VALUES_PG, pg_params
 
 _STEP_COLUMNS = (
@@ -94,7 +95,7 @@ def probe(
         if top_params is not None:
             tops.execute(MAX_SEQ_OF, top_params)
     return Probe(
-        steps={r.step: StepRow.of(r) for r in locked.fetchall()},
+        steps={r.step: state_of(r) for r in locked.fetchall()},
         new_frags=_keys(frags, batch.fragments),
         new_commits=_keys(commits, batch.commits),
         declared={(s, r): n for s, r, n in declared.fetchall() if (s, r) in pairs},
@@ -154,7 +155,7 @@ def _pair_params(run: RunRecord, pairs: Any) -> dict[str, Any]:
 
 
 def write_and_finish(
-    conn: Connection, run_id: int, rows: Sequence[StepRow], savepoint: str | None
+    conn: Connection, run_id: int, rows: Sequence[StepState], savepoint: str | None
 ) -> None:
     """Write the changed step rows (and the values of those finalised) and commit
     (``savepoint`` None: the transaction is durable when this returns; the caller's own
@@ -202,7 +203,7 @@ def drop_empty_steps(conn: Connection, run_id: int, steps: Sequence[int]) -> Non
     )
 
 
-def _step_params(run_id: int, row: StepRow) -> dict[str, Any]:
+def _step_params(run_id: int, row: StepState) -> dict[str, Any]:
     out: dict[str, Any] = {c: getattr(row, c) for c in STEP_FIELDS}
     out["status"] = StepStatus(out["status"]).value
     out["run"], out["step"] = run_id, row.step

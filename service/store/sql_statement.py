@@ -23,6 +23,8 @@ STEP_FIELDS = (
     "status", "revision", "committed_ranks", "expected", "received", "missing_ranks",
     "finalised_at", "result",
 )  # fmt: skip
+# every column of a step row but run_id, each an attribute of StepState
+STATE_COLUMNS = tuple(c.name for c in STEPS.c if c.name != "run_id")
 
 
 @dataclass(frozen=True)

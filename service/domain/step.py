@@ -1,0 +1,219 @@
+"""A step's rules, whatever store holds it (pure: no SQL, no I/O).
+
+A store keeps, per step, a :class:`StepState`: its status and revision and the
+counters that say how far it is (ranks committed, fragments expected and received),
+so that completeness is known without reading fragments. An ingest runs, under the
+locks of the batch's steps:
+
+1. the store inserts the batch's new fragments and commits and reads back what the
+   checks need: a :class:`Probe`;
+2. :func:`duplicates` names the fragments that were already stored; a duplicate must
+   have the same values (:func:`check_duplicates`), else it is a conflict;
+3. :func:`check` applies the commit rules (nothing is added to a complete step, a
+   commit is final, a commit counts every fragment of its rank);
+4. :func:`count` moves the counters; :func:`next_status` says which steps are
+   finalised now and as what; :func:`finalise` evaluates one and bumps its revision.
+
+Any error raises before the store writes anything, so a batch is all or nothing.
+A store times out a step with :func:`is_due`; new steps start as :func:`opened`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from steptally.service.domain import finalise as evaluation
+from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.cells import Cell
+from steptally.service.domain.progress import Progress, StepStatus, is_complete
+from steptally.service.domain.run import RunRecord
+from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
+
+
+@dataclass(slots=True)
+class StepState:
+    """One step as a store holds it, changed in memory and written back once.
+
+    ``result`` is the stored JSON of the latest finalisation (None while never
+    finalised); ``values`` the per-metric values to store when it was just finalised.
+    """
+
+    step: int
+    status: StepStatus
+    revision: int
+    committed_ranks: int
+    expected: int
+    received: int
+    missing_ranks: int
+    first_seen_at: float
+    deadline: float
+    finalised_at: float | None
+    result: str | None
+    changed: bool = False
+    values: list[evaluation.StoredValue] = field(default_factory=list)
+
+
+def opened(run: RunRecord, step: int, now: float) -> StepState:
+    """A step first seen at ``now``: open, nothing committed, due after the run's timeout."""
+    return StepState(
+        step=step,
+        status=StepStatus.OPEN,
+        revision=0,
+        committed_ranks=0,
+        expected=0,
+        received=0,
+        missing_ranks=run.world_size,
+        first_seen_at=now,
+        deadline=now + run.step_timeout_s,
+        finalised_at=None,
+        result=None,
+    )
+
+
+def is_due(state: StepState, now: float) -> bool:
+    """Whether a step is still open and past its deadline at ``now`` (to time it out)."""
+    return state.status is StepStatus.OPEN and state.deadline <= now
+
+
+@dataclass(slots=True)
+class Probe:
+    """What a batch's transaction knows after locking its steps and inserting its rows.
+
+    ``new_frags`` and ``new_commits`` are the keys that were not stored before;
+    ``declared`` holds the stored commits (new or old) that the checks need, by
+    (step, rank); ``top_seq`` the highest stored ``seq`` of each newly committing pair
+    (this batch's fragments included).
+    """
+
+    steps: dict[int, StepState]
+    new_frags: list[FragmentKey]
+    new_commits: list[CommitKey]
+    declared: dict[CommitKey, int]
+    top_seq: dict[CommitKey, int]
+
+
+def duplicates(batch: PreparedBatch, probe: Probe) -> set[FragmentKey]:
+    """The batch's fragments that were stored before (empty when every one is new)."""
+    if len(probe.new_frags) == len(batch.fragments):
+        return set()
+    return set(batch.fragments) - set(probe.new_frags)
+
+
+StoredFragment = tuple[int, int, int, bytes, bytes | None, bytes | None]
+
+
+def check_duplicates(
+    batch: PreparedBatch, collided: set[FragmentKey], stored: Iterable[StoredFragment]
+) -> None:
+    """A fragment sent again must carry the values stored: ``stored`` holds at least
+    the rows of ``collided`` as ``(step, rank, seq, values, present, tails)``."""
+    for s, r, q, values, present, tails in stored:
+        key = (s, r, q)
+        if key in collided and batch.fragments[key] != (values, present, tails):
+            raise FragmentConflict(
+                f"fragment step {s} rank {r} seq {q} was already received with different "
+                "values; a fragment's values never change, so send a new seq or fix the sender",
+                batch.where(key),
+            )
+
+
+def check(batch: PreparedBatch, probe: Probe) -> None:
+    """The commit rules, in this order: no new fragment joins a complete step; a commit
+    stored before declares the same count again; a new fragment of a committed rank has
+    ``seq`` below the count; a new commit counts every fragment its rank sent."""
+    for frag in probe.new_frags:
+        if probe.steps[frag[0]].status is StepStatus.COMPLETE:
+            raise StepComplete(
+                f"step {frag[0]} is complete; rank {frag[1]} cannot add fragment {frag[2]} to it",
+                batch.where(frag),
+            )
+    fresh = set(probe.new_commits)
+    for pair, n in batch.commits.items():
+        stored = probe.declared.get(pair)
+        if pair not in fresh and stored is not None and stored != n:
+            raise CommitConflict(
+                f"rank {pair[1]} already committed step {pair[0]} with {stored} fragments, "
+                f"not {n}; a commit is final",
+                batch.commit_where(pair),
+            )
+    for s, r, q in probe.new_frags:
+        declared = probe.declared.get((s, r))
+        if declared is not None and q >= declared:
+            raise CommitConflict(
+                f"rank {r} committed step {s} with {declared} fragments, so seq {q} cannot "
+                "exist; seq counts from 0 to fragments-1",
+                batch.where((s, r, q)),
+            )
+    for pair in probe.new_commits:
+        top, n = probe.top_seq.get(pair), batch.commits[pair]
+        if top is not None and top >= n:
+            raise CommitConflict(
+                f"rank {pair[1]} commits step {pair[0]} with {n} fragments, but fragment seq "
+                f"{top} arrived; count every fragment sent",
+                batch.commit_where(pair),
+            )
+
+
+def count(
+    steps: Mapping[int, StepState],
+    new_frags: Iterable[FragmentKey],
+    new_commits: Mapping[CommitKey, int],
+) -> None:
+    """Add the new fragments and commits (with their declared counts) to the counters."""
+    for s, n in Counter(k[0] for k in new_frags).items():
+        steps[s].received += n
+        steps[s].changed = True
+    per_step: defaultdict[int, list[int]] = defaultdict(list)
+    for (s, _), n in new_commits.items():
+        per_step[s].append(n)
+    for s, counts in per_step.items():
+        state = steps[s]
+        state.committed_ranks += len(counts)
+        state.expected += sum(counts)
+        state.missing_ranks -= len(counts)
+        state.changed = True
+
+
+def next_status(world_size: int, state: StepState) -> StepStatus | None:
+    """The status a step is finalised as after a batch changed it; None: not now.
+
+    An open step is finalised once complete. A partial step is finalised again on
+    any change: complete if that completed it, else partial again (a new revision).
+    A complete step never changes.
+    """
+    if not state.changed or state.status is StepStatus.COMPLETE:
+        return None
+    done = is_complete(world_size, state.committed_ranks, state.received, state.expected)
+    if done:
+        return StepStatus.COMPLETE
+    return StepStatus.PARTIAL if state.status is StepStatus.PARTIAL else None
+
+
+def finalise(
+    run: RunRecord,
+    state: StepState,
+    progress: Progress,
+    cells: Sequence[Cell],
+    status: StepStatus | None,
+    now: float,
+) -> evaluation.StepResult:
+    """Evaluate a step from all of its fragments as ``status`` (None: complete if it
+    is, else partial) and make that its next revision, finalised at ``now``; ranks
+    that committed since a partial finalisation are kept as late."""
+    status = status or evaluation.final_status(progress)
+    previous = None
+    if state.status is StepStatus.PARTIAL and state.result is not None:
+        previous = evaluation.StepResult.from_json(orjson.loads(state.result))
+    result = evaluation.with_late_ranks(evaluation.evaluate(run, progress, cells, status), previous)
+    state.status = status
+    state.revision += 1
+    state.finalised_at = now
+    state.result = orjson.dumps(result.to_json()).decode()
+    state.missing_ranks = len(result.ranks_missing)
+    state.values = evaluation.stored_values(run, result)
+    state.changed = True
+    return result
