@@ -27,6 +27,8 @@ from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
 from steptally.service.api.instrument import RequestMetrics
+from steptally.service.auth.middleware import Guard
+from steptally.service.auth.wiring import limiter_of, open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
 from steptally.service.coordination.schedule import DeadlineSchedule
@@ -70,6 +72,7 @@ def create_app(
         fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)
     timeout_s = settings.default_step_timeout_s
     service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
+    tokens = open_tokens(settings)  # None: auth is off
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +93,8 @@ def create_app(
                 await fanout.stop()
             service.events.close()
             store.close()
+            if tokens is not None:
+                tokens.close()
 
     app = FastAPI(title="Steptally", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
@@ -98,6 +103,7 @@ def create_app(
     app.state.store = store
     app.state.service = service
     errors.install(app)
+    app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, events, health, metrics, docs):
         app.include_router(module.router)

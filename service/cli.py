@@ -5,6 +5,8 @@
     steptally demo    [--url URL | --serve] [--run NAME] [--steps N] [--ranks N] [--interval S]
     steptally grafana build [--out DIR] [--check]
     steptally sync    URL [--spool-root DIR] [--token T]
+    steptally token create --scope {admin,ingest,read} [--run NAME] [--label TEXT]
+    steptally token list | steptally token revoke ID     (each [--database-url URL])
 
 Options fall back to the ``STEPTALLY_*`` environment variables of
 :class:`~steptally.service.settings.Settings`.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -22,6 +24,9 @@ from sqlalchemy import exc as sql_errors
 
 from steptally.service.errors import NotMigrated
 from steptally.service.settings import Settings, database_limits
+
+if TYPE_CHECKING:
+    from steptally.service.auth.tokens import TokenStore
 
 app = typer.Typer(
     name="steptally",
@@ -194,7 +199,9 @@ def sync(
         Path | None,
         typer.Option("--spool-root", help="Where the spools are (default: the reporter's)."),
     ] = None,
-    token: Annotated[str | None, typer.Option(help="Bearer token for the service.")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="STEPTALLY_TOKEN", help="Bearer token for the service.")
+    ] = None,
 ) -> None:
     """Deliver the spools reporters left behind; exit 1 if anything is left."""
     from steptally.client.reporter.options import default_spool_root
@@ -206,6 +213,103 @@ def sync(
     typer.echo(report.line())
     if report.left_files:
         raise typer.Exit(1)
+
+
+token = typer.Typer(help="Bearer tokens (docs/security.md).", no_args_is_help=True)
+app.add_typer(token, name="token")
+
+
+def _token_store(database_url: str | None) -> TokenStore:
+    """The token store of the configured database, which must be at the newest schema."""
+    from steptally.service.auth.tokens import TokenStore
+    from steptally.service.store.engine import make_engine
+    from steptally.service.store.schema import check_current
+
+    settings = settings_with(database_url=database_url)
+    try:
+        engine = make_engine(settings.database_url, database_limits(settings))
+        check_current(engine, settings.database_url)
+    except NotMigrated as exc:
+        _fail(exc.message)
+    except DATABASE_FAULTS as exc:
+        _unreachable(settings.database_url, exc)
+    return TokenStore(engine)
+
+
+@token.command("create")
+def token_create(
+    scope: Annotated[
+        str, typer.Option(help="admin (everything), ingest (post fragments) or read.")
+    ],
+    run: Annotated[
+        str | None, typer.Option(help="Bind an ingest or read token to this run only.")
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option(help="What the token is for, shown by `token list`.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create a token; its secret is printed once, alone on the last line."""
+    from steptally.service.auth.tokens import Scope
+    from steptally.service.domain.run import is_run_name
+
+    if scope not in {s.value for s in Scope}:
+        _fail(f"--scope must be admin, ingest or read, not {scope!r}")
+    if run is not None and not is_run_name(run):
+        _fail(f"--run {run!r} is not a run name (letters, digits, '_', '.', '-'; 128 at most)")
+    if run is not None and scope == Scope.ADMIN:
+        _fail("an admin token is never bound to a run; leave out --run")
+    if label is not None and len(label) > 128:
+        _fail("--label is longer than 128 characters")
+    store = _token_store(database_url)
+    try:
+        created = store.create(Scope(scope), run, label)
+    except DATABASE_FAULTS as exc:
+        _unreachable(str(store.engine.url), exc)
+    finally:
+        store.close()
+    bound = f", run {run}" if run else ""
+    typer.echo(f"created token {created.token.id} (scope {scope}{bound}); its secret, shown once:")
+    typer.echo(created.secret)
+
+
+@token.command("list")
+def token_list(database_url: DatabaseUrl = None) -> None:
+    """Every token (id, scope, run, created, revoked, label); never a secret."""
+    store = _token_store(database_url)
+    try:
+        tokens = store.list()
+    finally:
+        store.close()
+    typer.echo(f"{'id':<16}  {'scope':<6}  {'run':<20}  {'created':<20}  {'revoked':<20}  label")
+    for t in tokens:
+        typer.echo(
+            f"{t.id:<16}  {t.scope.value:<6}  {t.run or '-':<20}  {_when(t.created_at):<20}  "
+            f"{_when(t.revoked_at):<20}  {t.label or ''}".rstrip()
+        )
+
+
+@token.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(metavar="ID", help="The id `token list` shows.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Revoke a token: every replica refuses it from its next request on."""
+    from steptally.service.auth.tokens import UnknownToken
+
+    store = _token_store(database_url)
+    try:
+        revoked = store.revoke(token_id)
+    except UnknownToken as exc:
+        typer.echo(f"steptally: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    typer.echo(f"revoked token {revoked.id} at {_when(revoked.revoked_at)}")
+
+
+def _when(at: float | None) -> str:
+    return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
 
 
 def _safe(url: str) -> str:

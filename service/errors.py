@@ -4,6 +4,8 @@
     ├── BadRequest                 400
     │   ├── BadJson                    bad_json
     │   └── UnsupportedEncoding        unsupported_encoding
+    ├── Unauthenticated            401 unauthenticated (no token, or not a valid one)
+    ├── Forbidden                  403 forbidden (the token's scope or run does not allow it)
     ├── NotFound                   404
     │   ├── UnknownRun                 unknown_run
     │   └── UnknownStep                unknown_step
@@ -19,10 +21,11 @@
     │   ├── UnknownMetric              unknown_metric
     │   ├── InvalidValue               invalid_value
     │   └── RankOutOfRange             rank_out_of_range
+    ├── RateLimited                429 rate_limited
     ├── NotMigrated                503 not_migrated (the database schema is not at head)
     └── Unavailable                503 unavailable (the database did not answer in time)
 
-Every 503 answer carries ``Retry-After``.
+Every 503 and 429 answer carries ``Retry-After``; every 401 ``WWW-Authenticate: Bearer``.
 
 ``message`` is a sentence a person can act on; ``where`` locates the offending item
 (``fragments[3].values.loss``) or is None. ``service/api/errors.py`` is the one place
@@ -53,6 +56,21 @@ class BadJson(BadRequest):
 
 class UnsupportedEncoding(BadRequest):
     code = "unsupported_encoding"
+
+
+class Unauthenticated(ServiceError):
+    status = 401
+    code = "unauthenticated"
+
+    def __init__(self, message: str, invalid: bool = False) -> None:
+        super().__init__(message)
+        # RFC 6750: a token was sent but is not valid
+        self.challenge = 'Bearer realm="steptally"' + (', error="invalid_token"' if invalid else "")
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
 
 
 class NotFound(ServiceError):
@@ -117,6 +135,15 @@ class InvalidValue(Invalid):
 
 class RankOutOfRange(Invalid):
     code = "rank_out_of_range"
+
+
+class RateLimited(ServiceError):
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class NotMigrated(ServiceError):

@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     # finalisations (service/coordination/); unset, each process has its own hub
     redis_url: str | None = None
     redis_prefix: str = Field(default="steptally", min_length=1)
+    # access control (docs/security.md): with auth on, every route but /healthz and the
+    # dashboard's pages needs a bearer token (`steptally token create`); off by default
+    auth: bool = False
+    # requests per second per token (per client address without one), in each replica,
+    # with bursts of rate_limit_burst; 0 switches the limit off. A 4096-rank run sharing
+    # one token sends about 8,200 a second (two batches a second per rank)
+    rate_limit_per_s: float = Field(default=10_000.0, ge=0, allow_inf_nan=False)
+    rate_limit_burst: int = Field(default=20_000, ge=1)
 
     @field_validator("database_url")
     @classmethod

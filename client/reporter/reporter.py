@@ -40,6 +40,11 @@ GiB = 1 << 30
 _live: set[Reporter] = set()
 
 
+def _env_token() -> str | None:
+    """``STEPTALLY_TOKEN``, the token when none is given."""
+    return os.environ.get("STEPTALLY_TOKEN") or None
+
+
 class Reporter:
     """Posts a rank's fragments and commits to a Steptally service, in the background.
 
@@ -90,7 +95,7 @@ class Reporter:
         self._worker = Worker(
             self._intake,
             Outbox(Spool(directory, max_spool_bytes, registration), options.max_queue_bytes),
-            Sender(url, run, registration, token, transport, options.timeout_s),
+            Sender(url, run, registration, token or _env_token(), transport, options.timeout_s),
             options,
             log_every_s,
         )

@@ -6,8 +6,9 @@ Retry-After) before trying the same parcel again. What becomes of each parcel is
 counted: delivered (``sent``, less the items the service refused, ``rejected``),
 kept on disk (``spooled``; ``quarantined`` when the service would not take it: a 4xx
 for the whole body, or more than ``max_server_errors`` 5xx answers in a row, 503
-aside), or lost (through ``drop``). When the run cannot be registered, every parcel
-stays in the spool for ``steptally sync``.
+aside), or lost (through ``drop``). When the run cannot be registered, or the
+service refuses the token (401, 403), every parcel stays in the spool for
+``steptally sync``.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class SendLoop:
             self.counters.add(retried=1)
             log.warning("steptally: the service does not know the run; registering it again")
             self._stop.wait(self.backoff.next())
+        elif answer.outcome is Outcome.DENIED:
+            self._denied(parcel, answer)
         elif answer.outcome is Outcome.RETRY:
             if self._poisoned(answer):
                 self._quarantine(parcel, body, f"{self._server_errors} answers {answer.message}")
@@ -125,6 +128,18 @@ class SendLoop:
         else:
             self.counters.add(rejected=parcel.fragments)
             self._quarantine(parcel, body, answer.message)
+
+    def _denied(self, parcel: Parcel, answer: Answer) -> None:
+        """The service refused the token (401/403): keep this parcel and every later one
+        in the spool, as for a run that cannot be registered."""
+        self.counters.failed = True
+        self.reject(
+            0,
+            f"the service refused this reporter's token: {answer.message}; nothing more will "
+            f"be delivered by this reporter; what it holds stays in the spool at "
+            f"{self.outbox.spool.directory} for `steptally sync --token`",
+        )
+        self._keep(parcel)
 
     def _delivered(self, parcel: Parcel, answer: Answer) -> None:
         self._done(parcel)

@@ -22,6 +22,7 @@ class Outcome(Enum):
     OK = "ok"
     RETRY = "retry"  # may pass: connection error, 5xx, 408, 429
     REJECT = "reject"  # final: any other 4xx
+    DENIED = "denied"  # final: 401/403, the token is refused; nothing more can be delivered
     UNKNOWN_RUN = "unknown_run"  # the service forgot the run: register again
 
 
@@ -113,6 +114,8 @@ def classify(response: httpx.Response) -> Answer:
     if is_retryable(status):
         after = parse_retry_after(response.headers.get("retry-after"))
         return Answer(Outcome.RETRY, status, code, message, after)
+    if status in (401, 403):
+        return Answer(Outcome.DENIED, status, code, message)
     if status == 404 and code == "unknown_run":
         return Answer(Outcome.UNKNOWN_RUN, status, code, message)
     return Answer(Outcome.REJECT, status, code, message)

@@ -74,6 +74,7 @@ def sync(
 ) -> SyncReport:
     """Deliver every spool under ``root`` to the service at ``url``."""
     report = SyncReport()
+    token = token or os.environ.get("STEPTALLY_TOKEN") or None
     for spool in spools_under(root):
         report.spools += 1
         _sync_one(url, spool, token, transport, report, say)

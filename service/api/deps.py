@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from steptally.service.auth.grant import Grant
 from steptally.service.settings import Settings
 from steptally.service.usecase.service import Service
 
@@ -20,5 +21,12 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
+def _grant(request: Request) -> Grant:
+    """What the caller may register (set by the auth guard; anything when auth is off)."""
+    grant: Grant = getattr(request.state, "grant", Grant.ANY)
+    return grant
+
+
 ServiceDep = Annotated[Service, Depends(_service)]
+GrantDep = Annotated[Grant, Depends(_grant)]
 SettingsDep = Annotated[Settings, Depends(_settings)]

@@ -6,7 +6,8 @@ Domain errors (:mod:`steptally.service.errors`) carry their status and code;
 FastAPI's validation errors become 422 ``invalid_payload``, or 400 ``bad_json`` when
 the body is not JSON at all; a database that fails to answer in time (a statement,
 pool or connect timeout, a lost connection) is 503 ``unavailable``. Every 503 carries
-``Retry-After``. Every error answer is counted in
+``Retry-After``, and so does every 429; every 401 carries ``WWW-Authenticate: Bearer``.
+Every error answer is counted in
 ``steptally_requests_rejected_total{code}``.
 """
 
@@ -22,7 +23,7 @@ from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
 from steptally.service.api.response import JsonResponse
-from steptally.service.errors import ServiceError, Unavailable
+from steptally.service.errors import RateLimited, ServiceError, Unauthenticated, Unavailable
 
 RETRY_AFTER_S = 5
 # what a database that hangs, restarts or is away raises (psycopg's QueryCanceled, the
@@ -47,9 +48,19 @@ def error_response(
     return JsonResponse(body, status_code=status, headers=headers)
 
 
+def answer_error(request: Request, exc: ServiceError) -> JsonResponse:
+    """The answer to ``exc``: 401 with ``WWW-Authenticate: Bearer``, 429 with ``Retry-After``."""
+    response = error_response(request, exc.status, exc.code, exc.message, exc.where)
+    if isinstance(exc, Unauthenticated):
+        response.headers["WWW-Authenticate"] = exc.challenge
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
+
+
 async def _service_error(request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(request, exc.status, exc.code, exc.message, exc.where)
+    return answer_error(request, exc)
 
 
 async def _database_away(request: Request, exc: Exception) -> JsonResponse:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from steptally.service.api.deps import ServiceDep
+from steptally.service.api.deps import GrantDep, ServiceDep
 from steptally.service.api.response import JsonResponse
 from steptally.service.api.schemas import RunAnswer, RunPage, errors
 from steptally.service.usecase.run_registry import RunRequest
@@ -35,11 +35,11 @@ class RunBody(BaseModel):
     status_code=201,
     responses=errors(400, 409, 422, also={200: {"model": RunAnswer, "description": _AGAIN}}),
 )
-def register_run(body: RunBody, service: ServiceDep) -> JsonResponse:
+def register_run(body: RunBody, service: ServiceDep, grant: GrantDep) -> JsonResponse:
     request = RunRequest(
         body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s, body.guards
     )
-    run, created = service.register_run(request)
+    run, created = service.register_run(request, grant)
     return JsonResponse(run, status_code=201 if created else 200)
 
 

@@ -143,3 +143,18 @@ class Fragment(Base):
     values_f64: Mapped[bytes] = mapped_column(LargeBinary)
     present: Mapped[bytes | None] = mapped_column(LargeBinary)
     tails: Mapped[bytes | None] = mapped_column(LargeBinary)  # exact sums' further terms
+
+
+class AuthToken(Base):
+    """A bearer token (``service/auth/tokens.py``): its scope, optional run, and only a
+    hash of its secret. A revoked token keeps its row, with the time of revocation."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(16))
+    run: Mapped[str | None] = mapped_column(String(128))
+    label: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)

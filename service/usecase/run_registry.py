@@ -2,7 +2,9 @@
 
 Registering the same spec again, or a superset that adds metrics or derived
 expressions, is accepted; changing the world size, a metric's kind or a derived
-expression's meaning is a :class:`SpecConflictError` naming every conflict.
+expression's meaning is a :class:`SpecConflictError` naming every conflict. A
+:class:`~steptally.service.auth.grant.Grant` short of ``ANY`` (an ingest token) may
+not create a run, or may not change one, as it says: :class:`Forbidden`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
+from steptally.service.auth.grant import Grant
 from steptally.service.domain.run import RunRecord, is_run_name
 from steptally.service.errors import InvalidSpec, SpecConflictError, UnknownRun
 from steptally.service.store.base import RunDraft, Store
@@ -29,9 +32,14 @@ class RunRequest:
 
 
 def register(
-    store: Store, request: RunRequest, default_timeout_s: float, now: float
+    store: Store,
+    request: RunRequest,
+    default_timeout_s: float,
+    now: float,
+    grant: Grant = Grant.ANY,
 ) -> tuple[RunRecord, bool]:
     """Create or extend a run; returns it and whether it was created."""
+    grant.check_name(request.name)
     if not is_run_name(request.name):
         raise InvalidSpec(
             f"run name {request.name!r} is invalid: use letters, digits, '_', '.' and '-', "
@@ -49,14 +57,33 @@ def register(
 
     def decide(existing: RunRecord | None) -> RunDraft:
         if existing is None:
+            grant.check_create(request.name)
             return RunDraft(request.world_size, spec, request.step_timeout_s or default_timeout_s)
-        return RunDraft(
+        draft = RunDraft(
             request.world_size,
             _merge(existing, request, spec),
             request.step_timeout_s or existing.step_timeout_s,
         )
+        grant.check_change(existing.name, _changes(existing, draft))
+        return draft
 
     return store.register_run(request.name, decide, now)
+
+
+def _changes(existing: RunRecord, draft: RunDraft) -> list[str]:
+    """What ``draft`` would change in ``existing`` (its world size is checked apart)."""
+    changes = []
+    added = sorted(set(draft.spec.metrics) - set(existing.spec.metrics))
+    added += sorted(set(draft.spec.derived) - set(existing.spec.derived))
+    if added:
+        changes.append(f"it would add {', '.join(added)}")
+    elif draft.spec != existing.spec:
+        changes.append("it would change the guards")
+    if draft.step_timeout_s != existing.step_timeout_s:
+        changes.append(
+            f"step_timeout_s is {existing.step_timeout_s:g}, not {draft.step_timeout_s:g}"
+        )
+    return changes
 
 
 def _merge(existing: RunRecord, request: RunRequest, spec: MetricSpec) -> MetricSpec:

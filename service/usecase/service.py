@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from steptally.service.auth.grant import Grant
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.base import FinalisedStep, StepRecord, Store
 from steptally.service.telemetry import Telemetry
@@ -38,12 +39,15 @@ class Service:
         self.publisher: EventPublisher = publisher or self.events
         self.ingest = Ingest(store, self.runs, telemetry, clock, self._published)
 
-    def register_run(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
+    def register_run(
+        self, request: RunRequest, grant: Grant = Grant.ANY
+    ) -> tuple[dict[str, Any], bool]:
         run, created = register(
             store=self.store,
             request=request,
             default_timeout_s=self.default_step_timeout_s,
             now=self.clock(),
+            grant=grant,
         )
         self.runs.put(run)
         summary = self.store.run_summary(run.name)
