@@ -82,7 +82,3 @@ def transaction(engine: Engine, write: bool) -> Iterator[Connection]:
             conn.execution_options(**{_WRITE: True})
         with conn.begin():
             yield conn
-
-
-def is_postgres(engine: Engine | Connection) -> bool:
-    return engine.dialect.name == "postgresql"

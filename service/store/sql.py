@@ -16,7 +16,6 @@ transaction is in progress share the next one, each in its own savepoint, so one
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, select
@@ -25,7 +24,8 @@ from sqlalchemy.exc import IntegrityError
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
-from steptally.service.store import sql_ingest, sql_postgres, sql_query
+from steptally.service.domain.step import is_due
+from steptally.service.store import sql_ingest, sql_query
 from steptally.service.store.base import (
     Decide,
     FinalisedStep,
@@ -35,6 +35,7 @@ from steptally.service.store.base import (
     SeriesRows,
     StepRecord,
 )
+from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
 from steptally.service.store.schema import check_current
 from steptally.service.store.sql_group import GroupCommit, Pending
@@ -52,10 +53,8 @@ class SqlStore:
     ) -> None:
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
-        sqlite = engine.dialect.name == "sqlite"
-        self._writers: contextlib.AbstractContextManager[object] = (
-            threading.Lock() if sqlite else contextlib.nullcontext()
-        )
+        self.dialect = dialect_for(engine)
+        self._writers = self.dialect.writer_lock()
         self._group = (
             GroupCommit(self._ingest_group, group_max_batches, group_max_bytes)
             if group_max_batches > 1
@@ -74,7 +73,7 @@ class SqlStore:
         (64 on SQLite, 1 — no grouping — on PostgreSQL)."""
         engine = make_engine(url, limits)
         if group_max_batches is None:
-            group_max_batches = 64 if engine.dialect.name == "sqlite" else 1
+            group_max_batches = dialect_for(engine).default_group
         store = cls(engine, group_max_batches, group_max_bytes)
         store.url = url
         return store
@@ -99,7 +98,7 @@ class SqlStore:
         for attempt in range(2):
             try:
                 with self._write() as conn:
-                    existing = load_run(conn, name=name, lock=True)
+                    existing = load_run(conn, name=name, lock=self.dialect.for_update)
                     draft = decide(existing)
                     return save_run(conn, existing, name, draft, now), existing is None
             except IntegrityError:  # a concurrent first registration won the race
@@ -129,7 +128,7 @@ class SqlStore:
 
     def _ingest_alone(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         with self._write() as conn:
-            return sql_ingest.ingest(conn, run, batch, now, _reloader(conn, run))
+            return sql_ingest.ingest(conn, self.dialect, run, batch, now, _reloader(conn, run))
 
     def _ingest_group(self, group: list[Pending]) -> None:
         """Store a group of batches in one transaction, each all-or-nothing in its own
@@ -143,22 +142,19 @@ class SqlStore:
                 p.error = exc
             return
         with self._write() as conn:
-            postgres = conn.dialect.name == "postgresql"
-            if postgres:
-                sql_postgres.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
+            locked = self.dialect.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
             for p in group:
                 try:
                     p.outcome = sql_ingest.ingest(
-                        conn, p.run, p.batch, p.now, _reloader(conn, p.run), savepoint=True
+                        conn, self.dialect, p.run, p.batch, p.now, _reloader(conn, p.run), True
                     )
                 except Exception as exc:
                     p.error = exc
-            if postgres:
+            if locked:
                 self._drop_unused_steps(conn, group)
 
-    @staticmethod
-    def _drop_unused_steps(conn: Connection, group: list[Pending]) -> None:
-        """The rows :func:`sql_postgres.lock_group` created only for failed batches."""
+    def _drop_unused_steps(self, conn: Connection, group: list[Pending]) -> None:
+        """The rows the dialect's ``lock_group`` created only for failed batches."""
         failed: dict[int, set[int]] = {}
         for p in group:
             if p.error is not None:
@@ -168,7 +164,7 @@ class SqlStore:
                 failed.get(p.run.id, set()).difference_update(p.batch.steps())
         for run_id, steps in sorted(failed.items()):
             if steps:
-                sql_postgres.drop_empty_steps(conn, run_id, sorted(steps))
+                self.dialect.drop_empty_steps(conn, run_id, sorted(steps))
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
         with transaction(self.engine, write=False) as conn:
@@ -188,13 +184,13 @@ class SqlStore:
     def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
         """Finalise one step as partial if it is still open and due at ``now``."""
         with self._write() as conn:
-            row = lock_step(conn, run_id, step)
-            if row is None or row.status is not StepStatus.OPEN or row.deadline > now:
+            row = lock_step(conn, self.dialect.for_update, run_id, step)
+            if row is None or not is_due(row, now):
                 return None  # another instance got there first
             run = load_run(conn, run_id=run_id)
             assert run is not None
             done = finalise_row(conn, run, row, None, now)
-            write_steps(conn, run_id, [row])
+            write_steps(conn, self.dialect.sql, run_id, [row])
             return done
 
     def deadline_of(self, run_id: int, step: int) -> float | None:
@@ -233,7 +229,7 @@ class SqlStore:
         self, run: RunRecord, col: int, start: int | None, end: int | None, points: int | None
     ) -> SeriesRows:
         with transaction(self.engine, write=False) as conn:
-            return read_series(conn, run.id, col, start, end, points)
+            return read_series(conn, self.dialect.downsample, run.id, col, start, end, points)
 
     def finalised_since(
         self, run: RunRecord, after: tuple[float, int], limit: int

@@ -7,10 +7,11 @@ per-step values (``step_values.col``) resolve to a name through the same table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Row, Table, func, insert, select, update
+from sqlalchemy import Connection, Row, Select, Table, func, insert, select, update
 
 from steptally.client.algebra import MetricSpec
 from steptally.service.domain.run import RunRecord
@@ -22,13 +23,18 @@ METRICS: Table = Metric.__table__  # type: ignore[assignment]
 
 
 def load_run(
-    conn: Connection, *, name: str | None = None, run_id: int | None = None, lock: bool = False
+    conn: Connection,
+    *,
+    name: str | None = None,
+    run_id: int | None = None,
+    lock: Callable[[Select[Any]], Select[Any]] | None = None,
 ) -> RunRecord | None:
-    """The run with ``name`` or ``run_id``; ``lock`` holds its row until the transaction ends."""
+    """The run with ``name`` or ``run_id``; ``lock`` (the dialect's ``for_update``)
+    holds its row until the transaction ends."""
     stmt = select(RUNS)
     stmt = stmt.where(RUNS.c.name == name) if name is not None else stmt.where(RUNS.c.id == run_id)
-    if lock and conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
+    if lock is not None:
+        stmt = lock(stmt)
     row = conn.execute(stmt).first()
     if row is None:
         return None

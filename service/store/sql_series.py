@@ -15,7 +15,7 @@ Measured by ``bench/series.py``: about 60 ms for 100,000 steps on either databas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, text
@@ -24,14 +24,22 @@ from steptally.service.domain.finalise import ValueState
 from steptally.service.domain.progress import StepStatus
 from steptally.service.store.base import SeriesRows
 from steptally.service.store.models import ODD, REVISED
-from steptally.service.store.sql_statement import STEPS
-from steptally.service.store.sql_values import STEP_VALUES
+from steptally.service.store.sql_statement import STEP_VALUES, STEPS
 
 SV = STEP_VALUES.c
 
 
+Downsample = Callable[[Connection, dict[str, Any], list[Any]], tuple[Sequence[Any], int]]
+
+
 def read_series(
-    conn: Connection, run_id: int, col: int, start: int | None, end: int | None, points: int | None
+    conn: Connection,
+    downsample: Downsample,
+    run_id: int,
+    col: int,
+    start: int | None,
+    end: int | None,
+    points: int | None,
 ) -> SeriesRows:
     """The series of column ``col``; downsampled when it holds more than ``points`` steps."""
     in_range = _in_range(run_id, col, start, end)
@@ -45,7 +53,7 @@ def read_series(
         return _rows([], 0, False)
     if points is not None and hi - lo + 1 > points:
         params = {"run": run_id, "col": col, "lo": lo, "hi": hi, "buckets": max(1, points // 2)}
-        rows, total = _downsampled(conn, {**params, "span": hi - lo + 1}, in_range)
+        rows, total = downsample(conn, {**params, "span": hi - lo + 1}, in_range)
         if total > points:
             return _rows(rows, total, True)
     stmt = (
@@ -58,13 +66,18 @@ def read_series(
     return _rows(rows, len(rows), False)
 
 
-def _downsampled(
+def downsampled(
     conn: Connection, params: dict[str, Any], in_range: list[Any]
 ) -> tuple[Sequence[Any], int]:
-    """The kept rows and the number of finalised steps in the range."""
-    if conn.dialect.name != "postgresql":
-        total = conn.execute(select(func.count()).where(*in_range)).scalar_one()
-        return conn.execute(_DOWNSAMPLED, params).all(), total
+    """The kept rows and the number of finalised steps in the range (SQLite)."""
+    total = conn.execute(select(func.count()).where(*in_range)).scalar_one()
+    return conn.execute(_DOWNSAMPLED, params).all(), total
+
+
+def downsampled_pg(
+    conn: Connection, params: dict[str, Any], in_range: list[Any]
+) -> tuple[Sequence[Any], int]:
+    """:func:`downsampled` on PostgreSQL, in one pass over arrays."""
     for setting in _PG_SETTINGS:  # until the end of this read's transaction
         conn.exec_driver_sql(setting)
     rows = conn.execute(_DOWNSAMPLED_PG, params).all()

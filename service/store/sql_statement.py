@@ -1,28 +1,35 @@
-"""The hot path's SQL statements, built once per dialect and reused.
+"""Every statement of the ingest and finalise path, once per dialect, built at import.
 
-Reusing one statement object keeps SQLAlchemy's compile cache warm and saves
-building expressions on every request; sets of steps and ranks are ``IN``
-lists of expanding parameters (``:steps``, ``:ranks``), filtered exactly in Python.
+* :class:`Statements`: SQLAlchemy Core statements, built once per dialect's
+  ``INSERT`` construct (:func:`core`) and reused, which keeps SQLAlchemy's compile
+  cache warm. Sets of steps and ranks are ``IN`` lists of expanding parameters
+  (``:steps``, ``:ranks``), filtered exactly in Python.
+* :data:`PIPELINE`: PostgreSQL's pipelined path (:mod:`.sql_postgres`) sends driver
+  text, generated here from the same tables: arrays (``unnest``, ``= ANY``) keep each
+  text fixed whatever the batch size, so psycopg prepares it once per connection.
+  Each parameter is cast to its column's type, and values (``'open'`` included) are
+  bound, never spelled in the text.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Column, Table, bindparam, func, select, update
+from sqlalchemy.dialects import postgresql
 
-from steptally.service.store.models import Commit, Fragment, Step
+from steptally.service.store.models import Commit, Fragment, Step, StepValue
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 COMMITS: Table = Commit.__table__  # type: ignore[assignment]
 FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
+STEP_VALUES: Table = StepValue.__table__  # type: ignore[assignment]
 STEP_FIELDS = (
     "status", "revision", "committed_ranks", "expected", "received", "missing_ranks",
     "finalised_at", "result",
-)  # fmt: skip
+)  # fmt: skip  # what a batch or a finalisation changes in a step row
 # every column of a step row but run_id, each an attribute of StepState
 STATE_COLUMNS = tuple(c.name for c in STEPS.c if c.name != "run_id")
 
@@ -32,10 +39,11 @@ class Statements:
     upsert_steps: Any  # creates missing step rows, returns (and on PostgreSQL locks) all
     insert_fragments: Any
     insert_commits: Any
-    update_steps: Any
+    update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
     commits_of: Any  # (step, rank, fragments) for :run, :steps, :ranks
     max_seq_of: Any  # (step, rank, max seq) for :run, :steps, :ranks
     fragments_of: Any  # (step, rank, seq, values, present, tails) for :run, :steps, :ranks
+    upsert_values: Any  # step_values rows, replacing a step's earlier values
 
 
 def _where(table: Table) -> Any:
@@ -46,16 +54,15 @@ def _where(table: Table) -> Any:
     )
 
 
-@functools.cache
-def statements(dialect: str) -> Statements:
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    up = insert(STEPS)
-    upsert = up.on_conflict_do_update(
+def core(insert: Callable[[Table], Any]) -> Statements:
+    """The statements over a dialect's ``insert`` (``sqlite.insert``, ``postgresql.insert``)."""
+    upsert = insert(STEPS).on_conflict_do_update(
         index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
-    ).returning(*STEPS.c)
+    )
+    values = insert(STEP_VALUES)
     f, c = FRAGMENTS.c, COMMITS.c
     return Statements(
-        upsert_steps=upsert,
+        upsert_steps=upsert.returning(*STEPS.c),
         insert_fragments=insert(FRAGMENTS)
         .on_conflict_do_nothing()
         .returning(f.step, f.rank, f.seq),
@@ -70,14 +77,112 @@ def statements(dialect: str) -> Statements:
         fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails).where(
             *_where(FRAGMENTS)
         ),
+        upsert_values=values.on_conflict_do_update(
+            index_elements=[k.name for k in STEP_VALUES.primary_key],
+            set_={"value": values.excluded.value, "state": values.excluded.state},
+        ),
     )
 
 
 def keys_params(run_id: int, keys: Any) -> dict[str, Any]:
-    """Parameters selecting the steps and ranks of ``keys`` (tuples starting step, rank)."""
+    """Parameters selecting the steps and ranks of ``keys`` (tuples starting step, rank),
+    for :attr:`Statements.commits_of` and the like, and their :data:`PIPELINE` texts."""
     keys = list(keys)
     return {
         "run": run_id,
         "steps": sorted({k[0] for k in keys}),
         "ranks": sorted({k[1] for k in keys}),
     }
+
+
+# -- PostgreSQL's driver text -----------------------------------------------------------
+
+
+_POSTGRES = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _type(column: Column[Any]) -> str:
+    return str(column.type.compile(dialect=_POSTGRES))
+
+
+def _param(column: Column[Any], name: str | None = None) -> str:
+    return f"%({name or column.name})s::{_type(column)}"
+
+
+def _array(column: Column[Any], name: str | None = None) -> str:
+    return f"%({name or column.name})s::{_type(column)}[]"
+
+
+def _names(columns: Sequence[Column[Any]]) -> str:
+    return ", ".join(c.name for c in columns)
+
+
+def _unnest_insert(table: Table, conflict: str, returning: Sequence[str] = ()) -> str:
+    """``INSERT`` of many rows of one run: ``%(run_id)s`` once, every other column an
+    array parameter named after it."""
+    rest = [c for c in table.c if c.name != "run_id"]
+    text = (
+        f"INSERT INTO {table.name} ({_names(list(table.c))}) "
+        f"SELECT {_param(table.c.run_id)}, * FROM unnest({', '.join(map(_array, rest))}) "
+        f"ON CONFLICT {conflict}"
+    )
+    return text + (f" RETURNING {', '.join(returning)}" if returning else "")
+
+
+def _of_pairs(table: Table) -> str:
+    """The condition of :func:`keys_params` as arrays."""
+    return (
+        f"run_id = {_param(table.c.run_id, 'run')} "
+        f"AND step = ANY({_array(table.c.step, 'steps')}) "
+        f"AND rank = ANY({_array(table.c.rank, 'ranks')})"
+    )
+
+
+def _lock_steps() -> str:
+    """Create the missing rows of the steps ``%(steps)s`` with the values of a new step
+    (one parameter per column) and return, locked, every one of them."""
+    values = ["s" if c.name == "step" else _param(c) for c in STEPS.c]
+    return (
+        f"INSERT INTO steps ({_names(list(STEPS.c))}) "
+        f"SELECT {', '.join(values)} FROM unnest({_array(STEPS.c.step, 'steps')}) AS s "
+        "ON CONFLICT (run_id, step) DO UPDATE SET status = steps.status "
+        f"RETURNING {_names(list(STEPS.c))}"
+    )
+
+
+@dataclass(frozen=True)
+class PipelineText:
+    lock_steps: str  # %(steps)s and every column of a new step but step
+    insert_fragments: str  # %(run_id)s and an array per fragments column
+    insert_commits: str  # %(run_id)s and an array per commits column
+    commits_of: str  # keys_params
+    max_seq_of: str  # keys_params
+    update_steps: str  # %(run)s, %(step)s, %(<field>)s of STEP_FIELDS
+    upsert_values: str  # %(run_id)s and an array per step_values column
+    drop_empty_steps: str  # %(run)s, %(steps)s, %(open)s
+
+
+_value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
+_value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
+
+PIPELINE = PipelineText(
+    lock_steps=_lock_steps(),
+    insert_fragments=_unnest_insert(FRAGMENTS, "DO NOTHING", ("step", "rank", "seq")),
+    insert_commits=_unnest_insert(COMMITS, "DO NOTHING", ("step", "rank")),
+    commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of_pairs(COMMITS)}",
+    max_seq_of=(
+        f"SELECT step, rank, max(seq) FROM fragments WHERE {_of_pairs(FRAGMENTS)} "
+        "GROUP BY step, rank"
+    ),
+    update_steps="UPDATE steps SET {} WHERE run_id = %(run)s AND step = %(step)s".format(
+        ", ".join(f"{c} = {_param(STEPS.c[c])}" for c in STEP_FIELDS)
+    ),
+    upsert_values=_unnest_insert(
+        STEP_VALUES,
+        f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
+    ),
+    drop_empty_steps=(
+        f"DELETE FROM steps WHERE run_id = %(run)s AND step = ANY({_array(STEPS.c.step, 'steps')}) "
+        f"AND status = {_param(STEPS.c.status, 'open')} AND committed_ranks = 0 AND received = 0"
+    ),
+)

@@ -1,17 +1,21 @@
-"""Step rows in SQL: lock them, load what a finalisation needs, and finalise.
+"""Step rows in SQL: lock them, load what a finalisation needs, finalise, write back.
 
 A step row carries counters (ranks committed, fragments expected and received) so
 that completeness is known without reading fragments; only a finalisation, or a
 read of an open step, loads the fragments themselves.
+
+Every finalisation also writes one ``step_values`` row per metric and derived value
+of the step; a later finalisation of the same step (a higher revision) overwrites
+them, and a metric added to the run since then gains its row.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, select
 
 from steptally.service.domain import step as step_rules
 from steptally.service.domain.cells import Cell
@@ -26,9 +30,10 @@ from steptally.service.store.sql_statement import (
     STATE_COLUMNS,
     STEP_FIELDS,
     STEPS,
-    statements,
+    Statements,
 )
-from steptally.service.store.sql_values import write_values
+
+ForUpdate = Callable[[Select[Any]], Select[Any]]
 
 
 def state_of(row: Any) -> StepState:
@@ -57,27 +62,32 @@ def new_row(run: RunRecord, step: int, now: float) -> dict[str, Any]:
 
 
 def lock_steps(
-    conn: Connection, run: RunRecord, steps: Sequence[int], now: float
+    conn: Connection, sql: Statements, run: RunRecord, steps: Sequence[int], now: float
 ) -> dict[int, StepState]:
     """Create the rows of new steps and lock them all, in step order (no deadlocks)."""
     if not steps:
         return {}
-    stmt = statements(conn.dialect.name).upsert_steps
-    rows = conn.execute(stmt, [new_row(run, s, now) for s in steps]).all()
+    rows = conn.execute(sql.upsert_steps, [new_row(run, s, now) for s in steps]).all()
     return {r.step: state_of(r) for r in rows}
 
 
-def lock_step(conn: Connection, run_id: int, step: int) -> StepState | None:
+def lock_step(conn: Connection, for_update: ForUpdate, run_id: int, step: int) -> StepState | None:
     stmt = select(STEPS).where(STEPS.c.run_id == run_id, STEPS.c.step == step)
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    row = conn.execute(stmt).first()
+    row = conn.execute(for_update(stmt)).first()
     return None if row is None else state_of(row)
 
 
-def write_steps(conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+def write_steps(conn: Connection, sql: Statements, run_id: int, rows: Sequence[StepState]) -> None:
     """Write the changed step rows and the values of those just finalised."""
-    write_values(conn, run_id, pending_values(rows))
+    values = pending_values(rows)
+    if values:
+        conn.execute(
+            sql.upsert_values,
+            [
+                {"run_id": run_id, "col": c, "step": s, "value": v, "state": st}
+                for s, (c, v, st) in values
+            ],
+        )
     params = [
         {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in STEP_FIELDS}}
         for r in rows
@@ -86,7 +96,7 @@ def write_steps(conn: Connection, run_id: int, rows: Sequence[StepState]) -> Non
     for p in params:
         p["v_status"] = p["v_status"].value
     if params:
-        conn.execute(statements(conn.dialect.name).update_steps, params)
+        conn.execute(sql.update_steps, params)
 
 
 def pending_values(rows: Sequence[StepState]) -> list[tuple[int, StoredValue]]:
