@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
+from steptally.service.api.deadline import RequestDeadline
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.auth.middleware import Guard
 from steptally.service.auth.wiring import limiter_of, open_tokens
@@ -104,6 +105,7 @@ def create_app(
     app.state.service = service
     errors.install(app)
     app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
+    app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, events, health, metrics, docs):
         app.include_router(module.router)

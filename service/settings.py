@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     database_pool_timeout_s: float = Field(default=10.0, gt=0)
     database_connect_timeout_s: float = Field(default=5.0, gt=0)
     readyz_timeout_s: float = Field(default=2.0, gt=0)
+    # and every request: no answer started by then is 503 unavailable (service/api/deadline.py)
+    request_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     # replicas: with a Redis URL, every replica's event streams see every replica's
     # finalisations (service/coordination/); unset, each process has its own hub
     redis_url: str | None = None

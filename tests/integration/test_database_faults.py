@@ -5,10 +5,13 @@ one clear line with a non-zero exit from the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -187,3 +190,79 @@ def test_serve_exits_non_zero_when_its_workers_cannot_start(db_url: str, tmp_pat
     assert done.stderr.splitlines()[-1] == (
         "steptally: cannot serve: the 2 workers did not start (see above)"
     )
+
+
+class StoppedBackends:
+    """Every PostgreSQL backend serving ``database`` but this one, stopped with SIGSTOP
+    (and each new one as it appears) until :meth:`resume`: a database that still holds
+    its connections open and never answers, deaf to statement timeouts and cancels."""
+
+    def __init__(self, url: str) -> None:
+        self._engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        self._conn = self._engine.connect()
+        self._stopped: set[int] = set()
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._stop_forever, daemon=True)
+        self._thread.start()
+
+    def _others(self) -> list[int]:
+        rows = self._conn.exec_driver_sql(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return [int(pid) for (pid,) in rows]
+
+    def _stop_forever(self) -> None:
+        while not self._halt.is_set():
+            for pid in self._others():
+                if pid not in self._stopped:
+                    os.kill(pid, signal.SIGSTOP)
+                    self._stopped.add(pid)
+            self._halt.wait(0.02)
+
+    def resume(self) -> None:
+        self._halt.set()
+        self._thread.join(10)
+        for pid in self._stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._conn.close()
+        self._engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_stopped_database_backend_is_503_within_the_request_timeout(
+    postgres_url: str, served: Callable[..., ServedService], db_url: str
+) -> None:
+    """A stopped backend never runs its statement timeout: the request's own deadline
+    answers instead, the service stays responsive, and nothing acknowledged is lost."""
+    if db_url != postgres_url:
+        pytest.skip("stops PostgreSQL's backends")
+    service = served(request_timeout_s="1.5", readyz_timeout_s="0.5")
+    second = {
+        "fragments": [{"step": 1, "rank": 0, "seq": 0, "values": {"a": 0.75}}],
+        "commits": [{"step": 1, "rank": 0, "fragments": 1}],
+    }
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        assert http.post("/v1/runs", json=SPEC).status_code == 201
+        assert http.post("/v1/runs/r/fragments", json=BODY).status_code == 200
+        frozen = StoppedBackends(postgres_url)
+        try:
+            time.sleep(0.1)
+            started = time.monotonic()
+            # the pool's idle connection is a stopped one: pre-ping and ingest hang on it
+            _unavailable(http.post("/v1/runs/r/fragments", json=second))
+            took = time.monotonic() - started
+            assert http.get("/healthz").status_code == 200  # the service itself answers
+        finally:
+            frozen.resume()
+        deadline = time.monotonic() + 30
+        while (answer := http.post("/v1/runs/r/fragments", json=second)).status_code == 503:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.2)
+        assert answer.status_code == 200, answer.text
+        step = http.get("/v1/runs/r/steps/1").json()
+        assert (step["status"], step["revision"]) == ("complete", 1)
+        assert step["metrics"]["a"]["value"] == 0.75
+        assert http.get("/v1/runs/r/steps/0").json()["metrics"]["a"]["value"] == 2.5
+    assert 1.5 <= took < 3.0, took

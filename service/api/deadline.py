@@ -1,0 +1,58 @@
+"""A deadline on every request: an answer within ``request_timeout_s``, whatever hangs.
+
+Statement, pool and connect timeouts bound the waits the database driver can see.
+Some hangs it cannot: a PostgreSQL backend that is stopped (``SIGSTOP``, a frozen VM)
+never runs its statement timeout and never answers a cancel request, while its TCP
+connection stays up. So the service bounds the request itself: a request with no
+answer started after ``request_timeout_s`` gets 503 ``unavailable`` with
+``Retry-After``, and its handler is cancelled.
+
+The database work of a cancelled handler may still be running in its thread, and may
+still commit: that is safe, because ingest is idempotent (a client retrying the same
+fragments is answered as duplicates) and an answer is only ever sent for what is
+durable. Event streams (``…/events``) live for as long as their client listens and
+are left alone; their headers go out at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from steptally.service.api.errors import answer_error
+from steptally.service.errors import Unavailable
+
+STREAM_SUFFIX = "/events"
+
+
+class RequestDeadline:
+    """Answers 503 ``unavailable`` when no answer has started by the deadline."""
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or str(scope.get("path", "")).endswith(STREAM_SUFFIX):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, receive, watched_send), self.seconds)
+        except TimeoutError:
+            if started:
+                raise  # half an answer went out: nothing else can be said
+            late = Unavailable(
+                f"no answer within the service's request timeout ({self.seconds:g} s): "
+                "the database is not responding; retry"
+            )
+            await answer_error(Request(scope), late)(scope, receive, send)
