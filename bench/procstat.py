@@ -1,0 +1,34 @@
+"""CPU time and peak memory of processes, from Linux's /proc (no extra dependency)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most resident memory process ``pid`` has held since it started (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent busy since boot (all processes)."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(x) for x in first]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks[:8]) - idle) * TICK_S

@@ -1,0 +1,585 @@
+"""Scale benchmark: reporter-shaped ingest from 8 to 4096 ranks, per store configuration.
+
+Each rank-step is one body (8 microbatch fragments × 32 metrics and the rank's commit,
+compact form), as the reporter sends it. For every rank count and configuration —
+SQLite; PostgreSQL; PostgreSQL + Redis (``STEPTALLY_REDIS_URL``) with 1 and with 2
+replicas, each replica a real ``steptally serve`` process on its own port, on one
+database — fresh servers and a fresh database take a few steps of every rank from
+``--clients`` client processes (bench/loadgen.py: requests prepared before the clock,
+one keep-alive connection each, client i on replica i mod replicas, ranks dealt out
+round-robin, every client working through the steps in order).
+
+Measured per row, in the same run:
+  * rank-steps/s and values/s (bodies answered ÷ time from the release of the clients
+    to the last answer);
+  * the HTTP floor: as many ``GET /healthz`` as bodies, by the same client code and
+    connections, to the same replicas; ``floor_ratio`` = rank-steps/s ÷ floor requests/s;
+  * the Pushgateway (``prometheus-pushgateway``, default settings) at the same rank
+    count, once per rank count: each rank's group holds its 256 values, and a rank-step
+    is one ``PUT`` of them; the groups of every rank are loaded first (pushed with the
+    consistency check off, persisted, and the gateway restarted with it on), then the
+    same clients push for at most ``--pushgateway-s`` seconds;
+  * finalise latency of each step: the ``time.monotonic()`` at which the step's event
+    arrived on an event stream (``GET /v1/runs/bench/events``, a separate process,
+    connected to replica 0) minus the time at which the client got the answer of the
+    step's completing commit (the body whose answer lists the step in ``finalised``;
+    when no answer does, the step's last answer). Negative when the event overtakes the
+    answer; p50 and p99 over the steps;
+  * CPU seconds of the server processes, of the PostgreSQL backends of the run's
+    database, of the clients, and of the whole machine, over the timed window; the peak
+    resident memory (VmHWM) of the largest replica.
+
+Writes ``scale.csv`` and ``scale.png`` (``scale_quick.*`` with ``--quick``) to ``--out``.
+
+Usage:
+    python bench/scale.py                 # 8, 64, 512, 4096 ranks × 4 configurations
+    python bench/scale.py --quick         # 8 and 64 ranks, SQLite only (< 1 minute)
+    python bench/scale.py --ranks 8 64 --configs sqlite postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import redis
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).parent))
+import procstat
+from ingest import PG_ADMIN, bodies, database, free_port, spec  # the ingest benchmark's
+from loadgen import Blast, Job, Listener, blast, request
+
+MICROBATCHES = 8
+METRICS = 32
+VALUES_PER_BODY = MICROBATCHES * METRICS
+REDIS_URL = "redis://127.0.0.1:6379/0"
+RUN = "bench"
+WARM = "warm"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    db: str  # sqlite | postgres
+    redis: bool
+    replicas: int
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        Config("sqlite", "sqlite", False, 1),
+        Config("postgres", "postgres", False, 1),
+        Config("postgres+redis", "postgres", True, 1),
+        Config("postgres+redis×2", "postgres", True, 2),
+    )
+}
+COLUMNS = [
+    "config",
+    "store",
+    "redis",
+    "replicas",
+    "ranks",
+    "steps",
+    "rank_steps",
+    "values",
+    "elapsed_s",
+    "rank_steps_per_s",
+    "values_per_s",
+    "us_per_value",
+    "floor_requests_per_s",
+    "floor_ratio",
+    "pushgateway_rank_steps_per_s",
+    "pushgateway_ratio",
+    "finalise_p50_ms",
+    "finalise_p99_ms",
+    "completing_rtt_p50_ms",
+    "completing_rtt_p99_ms",
+    "rtt_p50_ms",
+    "server_cpu_s",
+    "db_cpu_s",
+    "client_cpu_s",
+    "machine_cpu_s",
+    "server_cpu_us_per_value",
+    "client_cpu_us_per_request",
+    "floor_server_cpu_us_per_request",
+    "floor_client_cpu_us_per_request",
+    "peak_rss_mb",
+    "load_avg_1m",
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- servers
+
+
+@dataclass
+class Replica:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _env(redis_prefix: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTALLY_")}
+    if redis_prefix is not None:
+        env["STEPTALLY_REDIS_URL"] = REDIS_URL
+        env["STEPTALLY_REDIS_PREFIX"] = redis_prefix
+    return env
+
+
+@contextmanager
+def replicas(url: str, n: int, redis_prefix: str | None, logs: Path) -> Iterator[list[Replica]]:
+    """``n`` ``steptally serve`` processes on one migrated database, each on its port."""
+    exe = [sys.executable, "-m", "steptally.service.cli"]
+    serve = [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--port"]
+    env = _env(redis_prefix)
+    subprocess.run([*exe, "migrate", "--database-url", url], check=True, capture_output=True)
+    started: list[Replica] = []
+    try:
+        for i in range(n):
+            port = free_port()
+            with open(logs / f"replica-{i}.log", "ab") as out:
+                proc = subprocess.Popen(
+                    [*serve, str(port)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            started.append(Replica(port, proc))
+        for i, r in enumerate(started):
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{r.base}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if r.proc.poll() is not None or time.monotonic() > deadline:
+                    text = (logs / f"replica-{i}.log").read_text()[-2000:]
+                    raise RuntimeError(f"steptally serve did not start:\n{text}")
+                time.sleep(0.05)
+        yield started
+    finally:
+        for r in started:
+            r.proc.terminate()
+        for r in started:
+            try:
+                r.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+
+
+def delete_prefix(prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+class Backends:
+    """CPU of the PostgreSQL backends serving one database (none for SQLite)."""
+
+    def __init__(self, url: str) -> None:
+        self._db = url.rsplit("/", 1)[1] if url.startswith("postgresql") else None
+        self._engine = sa.create_engine(PG_ADMIN) if self._db else None
+
+    def cpu(self) -> dict[int, float]:
+        if self._engine is None:
+            return {}
+        with self._engine.connect() as c:
+            pids = c.execute(
+                sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :db"), {"db": self._db}
+            ).scalars()
+            return {int(pid): procstat.cpu_s(int(pid)) for pid in pids}
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+class Window:
+    """CPU counters read at the release of the clients and after the last answer."""
+
+    def __init__(self, servers: list[int], backends: Backends) -> None:
+        self._servers, self._backends = servers, backends
+        self.server_s = self.db_s = self.machine_s = 0.0
+
+    def start(self) -> None:
+        self._s0 = [procstat.cpu_s(p) for p in self._servers]
+        self._b0 = self._backends.cpu()
+        self._m0 = procstat.machine_busy_s()
+
+    def stop(self) -> None:
+        self.machine_s = procstat.machine_busy_s() - self._m0
+        self.server_s = sum(procstat.cpu_s(p) for p in self._servers) - sum(self._s0)
+        b1 = self._backends.cpu()
+        self.db_s = sum(cpu - self._b0.get(pid, 0.0) for pid, cpu in b1.items())
+
+
+# ---------------------------------------------------------------- load
+
+
+def steps_for(ranks: int, args: argparse.Namespace) -> int:
+    return max(int(args.min_steps), math.ceil(int(args.bodies) / ranks))
+
+
+def prepared(ranks: int, steps: int) -> list[list[bytes]]:
+    """``out[step][rank]``: the body of one rank-step, encoded."""
+    shape = argparse.Namespace(ranks=ranks, microbatches=MICROBATCHES)
+    names = list(spec(METRICS)["metrics"])
+    return [bodies(shape, names, range(s, s + 1)) for s in range(steps)]
+
+
+def warm_body(rank: int) -> list[bytes]:
+    shape = argparse.Namespace(ranks=rank + 1, microbatches=MICROBATCHES)
+    names = list(spec(METRICS)["metrics"])
+    return [bodies(shape, names, range(s, s + 1))[rank] for s in range(2)]
+
+
+def ingest_jobs(
+    all_bodies: list[list[bytes]], ports: list[int], clients: int, warm: bool
+) -> list[Job]:
+    jobs = []
+    ranks = len(all_bodies[0])
+    for i in range(clients):
+        port = ports[i % len(ports)]
+        mine = range(i, ranks, clients)
+        reqs, tags = [], []
+        for step, row in enumerate(all_bodies):
+            for r in mine:
+                reqs.append(request("POST", port, f"/v1/runs/{RUN}/fragments", row[r]))
+                tags.append(step)
+        warmup = [request("GET", port, "/healthz")] * 3
+        if warm:
+            path = f"/v1/runs/{WARM}/fragments"
+            warmup += [request("POST", port, path, b) for b in warm_body(i)]
+        jobs.append(Job(port, reqs, tags, answers=True, warmup=warmup))
+    return jobs
+
+
+def floor_jobs(ingest: list[Job]) -> list[Job]:
+    out = []
+    for job in ingest:
+        get = request("GET", job.port, "/healthz")
+        out.append(Job(job.port, [get] * len(job.requests), warmup=[get] * 3))
+    return out
+
+
+def finalise_ms(
+    result: Blast, events: list[tuple[int, str, int, float]], steps: int
+) -> tuple[list[float], list[float]]:
+    """Per step: event arrival − completing answer, and the completing request's
+    round trip (ms)."""
+    completing: dict[int, tuple[float, float]] = {}
+    last: dict[int, tuple[float, float]] = {}
+    for sent in result.sent:
+        for i, step in enumerate(sent.steps):
+            t = (sent.answered_at[i], sent.answered_at[i] - sent.sent_at[i])
+            if step in sent.finalised[i]:
+                completing[step] = t
+            if step not in last or t[0] > last[step][0]:
+                last[step] = t
+    first_event: dict[int, float] = {}
+    for step, _status, _revision, arrived in events:
+        first_event.setdefault(step, arrived)
+    missing = [s for s in range(steps) if s not in first_event]
+    if missing:
+        raise RuntimeError(f"no event for steps {missing[:10]} ({len(missing)} missing)")
+    latency, rtt = [], []
+    for s in range(steps):
+        answered, took = completing.get(s, last[s])
+        latency.append((first_event[s] - answered) * 1000)
+        rtt.append(took * 1000)
+    return latency, rtt
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+# ---------------------------------------------------------------- Pushgateway
+
+
+def push_text(rank: int) -> bytes:
+    """One rank-step for the Pushgateway: its 8 × 32 values as gauges by microbatch."""
+    lines = []
+    for m in range(METRICS):
+        lines.append(f"# TYPE m{m:02d} gauge")
+        for mb in range(MICROBATCHES):
+            lines.append(f'm{m:02d}{{microbatch="{mb}"}} {((rank * 31 + m * 7 + mb) % 997) / 7}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+@contextmanager
+def pushgateway(state: Path, check: bool) -> Iterator[int]:
+    port = free_port()
+    args = [
+        "prometheus-pushgateway",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--persistence.file={state}",
+        "--log.level=error",
+    ]
+    if not check:
+        args.append("--push.disable-consistency-check")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/-/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("prometheus-pushgateway did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)  # persists its groups on the way out
+        proc.wait(60)
+
+
+def pushgateway_rate(ranks: int, args: argparse.Namespace) -> float:
+    """Rank-steps/s of the Pushgateway holding ``ranks`` groups (see the docstring)."""
+    texts = [push_text(r) for r in range(ranks)]
+
+    def jobs(port: int, rounds: int, deadline: float | None) -> list[Job]:
+        out = []
+        for i in range(args.clients):
+            mine = range(i, ranks, args.clients)
+            reqs = [
+                request("PUT", port, f"/metrics/job/{RUN}/rank/{r}", texts[r], kind="text")
+                for _ in range(rounds)
+                for r in mine
+            ]
+            out.append(Job(port, reqs, deadline_s=deadline))
+        return out
+
+    with tempfile.TemporaryDirectory() as d:
+        state = Path(d) / "groups"
+        with pushgateway(state, check=False) as port:
+            fill = blast(jobs(port, 1, None))
+            assert not fill.errors, fill.errors[:3]
+        with pushgateway(state, check=True) as port:
+            timed = blast(jobs(port, args.pushgateway_rounds, args.pushgateway_s))
+            assert not timed.errors, timed.errors[:3]
+            assert timed.done > 0
+    return float(timed.done / timed.elapsed_s)
+
+
+# ---------------------------------------------------------------- one row
+
+
+def measure(
+    config: Config, ranks: int, steps: int, pgw: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    all_bodies = prepared(ranks, steps)
+    prefix = f"steptally-bench-{uuid.uuid4().hex}" if config.redis else None
+    load = os.getloadavg()[0]
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        database(config.db) as url,
+        replicas(url, config.replicas, prefix, Path(logs)) as servers,
+    ):
+        backends = Backends(url)
+        try:
+            base = servers[0].base
+            run = {"name": RUN, "world_size": ranks, "step_timeout_s": 3600, **spec(METRICS)}
+            httpx.post(f"{base}/v1/runs", json=run).raise_for_status()
+            warm = {**run, "name": WARM, "world_size": args.clients}
+            httpx.post(f"{base}/v1/runs", json=warm).raise_for_status()
+            ports = [s.port for s in servers]
+            jobs = ingest_jobs(all_bodies, ports, args.clients, warm=True)
+            window = Window([s.proc.pid for s in servers], backends)
+            listener = Listener(base, RUN)
+            try:
+                result = blast(jobs, on_start=window.start)
+                window.stop()
+                events = listener.wait_for(set(range(steps)), timeout_s=120)
+            finally:
+                listener.close()
+            if result.errors:
+                raise RuntimeError(f"{len(result.errors)} errors, first: {result.errors[0]}")
+            summary = httpx.get(f"{base}/v1/runs/{RUN}").json()["steps"]
+            if summary["complete"] != steps:
+                raise RuntimeError(f"{summary} after {steps} steps")
+            latency, rtt = finalise_ms(result, events, steps)
+            floor_window = Window([s.proc.pid for s in servers], backends)
+            floor = blast(floor_jobs(jobs), on_start=floor_window.start)
+            floor_window.stop()
+            assert not floor.errors, floor.errors[:3]
+            rss = max(procstat.peak_rss_mb(s.proc.pid) for s in servers)
+        finally:
+            backends.close()
+            if prefix is not None:
+                delete_prefix(prefix)
+    done = result.done
+    values = done * VALUES_PER_BODY
+    rate = done / result.elapsed_s
+    floor_rate = floor.done / floor.elapsed_s
+    return {
+        "config": config.name,
+        "store": config.db,
+        "redis": int(config.redis),
+        "replicas": config.replicas,
+        "ranks": ranks,
+        "steps": steps,
+        "rank_steps": done,
+        "values": values,
+        "elapsed_s": result.elapsed_s,
+        "rank_steps_per_s": rate,
+        "values_per_s": rate * VALUES_PER_BODY,
+        "us_per_value": 1e6 / (rate * VALUES_PER_BODY),
+        "floor_requests_per_s": floor_rate,
+        "floor_ratio": rate / floor_rate,
+        "pushgateway_rank_steps_per_s": pgw,
+        "pushgateway_ratio": rate / pgw,
+        "finalise_p50_ms": pct(latency, 50),
+        "finalise_p99_ms": pct(latency, 99),
+        "completing_rtt_p50_ms": pct(rtt, 50),
+        "completing_rtt_p99_ms": pct(rtt, 99),
+        "rtt_p50_ms": pct(
+            [
+                1000 * (a - b)
+                for s in result.sent
+                for a, b in zip(s.answered_at, s.sent_at, strict=True)
+            ],
+            50,
+        ),
+        "server_cpu_s": window.server_s,
+        "db_cpu_s": window.db_s,
+        "client_cpu_s": result.cpu_s,
+        "machine_cpu_s": window.machine_s,
+        "server_cpu_us_per_value": 1e6 * (window.server_s + window.db_s) / values,
+        "client_cpu_us_per_request": 1e6 * result.cpu_s / done,
+        "floor_server_cpu_us_per_request": 1e6 * floor_window.server_s / floor.done,
+        "floor_client_cpu_us_per_request": 1e6 * floor.cpu_s / floor.done,
+        "peak_rss_mb": rss,
+        "load_avg_1m": load,
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (wall, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(configs):
+        mine = sorted((r for r in rows if r["config"] == name), key=lambda r: r["ranks"])
+        x = [r["ranks"] for r in mine]
+        c = colours[i % len(colours)]
+        wall.plot(x, [r["us_per_value"] for r in mine], "o-", color=c, label=name)
+        floor = [1e6 / (r["floor_requests_per_s"] * VALUES_PER_BODY) for r in mine]
+        wall.plot(x, floor, ":", color=c, alpha=0.6, label=f"{name}: HTTP floor")
+        cpu.plot(x, [r["server_cpu_us_per_value"] for r in mine], "o-", color=c, label=name)
+        client = [r["client_cpu_us_per_request"] / VALUES_PER_BODY for r in mine]
+        cpu.plot(x, client, "x--", color=c, alpha=0.6, label=f"{name}: client")
+    by_ranks = {r["ranks"]: r["pushgateway_rank_steps_per_s"] for r in rows}
+    xs = sorted(by_ranks)
+    pgw = [1e6 / (by_ranks[x] * VALUES_PER_BODY) for x in xs]
+    wall.plot(xs, pgw, "s--", color="black", label="Pushgateway")
+    for ax, title in (
+        (wall, "wall time per value (µs), 2 shared cores"),
+        (cpu, "CPU per value (µs): server + database, and client"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def progress(row: dict[str, Any]) -> None:
+    log(
+        f"{row['config']:>17} {row['ranks']:>5} ranks × {row['steps']:>3} steps: "
+        f"{row['rank_steps_per_s']:7.1f} rank-steps/s ({row['values_per_s']:,.0f} values/s), "
+        f"{row['floor_ratio']:.2f} of the HTTP floor, {row['pushgateway_ratio']:.1f}× the "
+        f"Pushgateway, finalise p50/p99 {row['finalise_p50_ms']:.1f}/"
+        f"{row['finalise_p99_ms']:.1f} ms, server {row['server_cpu_s']:.1f} s + db "
+        f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU, "
+        f"RSS {row['peak_rss_mb']:.0f} MB"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512, 4096])
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    p.add_argument("--clients", type=int, default=8, help="client processes")
+    p.add_argument(
+        "--bodies", type=int, default=1024, help="rank-steps per row at least (more steps)"
+    )
+    p.add_argument("--min-steps", type=int, default=3, help="steps per row at least")
+    p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
+    p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
+    p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.ranks, args.configs = [8, 64], ["sqlite"]
+        args.bodies, args.min_steps, args.pushgateway_s = 128, 2, 2.0
+    stem = "scale_quick" if args.quick else "scale"
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for ranks in args.ranks:
+        steps = steps_for(ranks, args)
+        pgw = pushgateway_rate(ranks, args)
+        log(f"{'Pushgateway':>17} {ranks:>5} ranks: {pgw:7.1f} rank-steps/s")
+        for name in args.configs:
+            row = measure(CONFIGS[name], ranks, steps, pgw, args)
+            rows.append(row)
+            progress(row)
+            write_csv(rows, args.out / f"{stem}.csv")
+    plot(rows, args.out / f"{stem}.png")
+    log(f"wrote {args.out / stem}.csv and .png in {time.monotonic() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

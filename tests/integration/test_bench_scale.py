@@ -1,0 +1,77 @@
+"""``bench/scale.py --quick`` end to end: real ``steptally serve`` on SQLite, the real
+Pushgateway, client processes; the CSV has every column and plausible values."""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "bench" / "scale.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from scale import COLUMNS, VALUES_PER_BODY  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("prometheus-pushgateway") is None, reason="needs prometheus-pushgateway"
+    ),
+]
+
+POSITIVE = [
+    "elapsed_s",
+    "rank_steps_per_s",
+    "values_per_s",
+    "us_per_value",
+    "floor_requests_per_s",
+    "floor_ratio",
+    "pushgateway_rank_steps_per_s",
+    "pushgateway_ratio",
+    "completing_rtt_p50_ms",
+    "completing_rtt_p99_ms",
+    "rtt_p50_ms",
+    "server_cpu_s",
+    "client_cpu_s",
+    "server_cpu_us_per_value",
+    "client_cpu_us_per_request",
+    "floor_client_cpu_us_per_request",
+    "peak_rss_mb",
+]
+
+
+def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "scale_quick.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        rows = list(reader)
+    assert [(r["config"], int(r["ranks"])) for r in rows] == [("sqlite", 8), ("sqlite", 64)]
+    for row in rows:
+        ranks, steps = int(row["ranks"]), int(row["steps"])
+        assert int(row["rank_steps"]) == ranks * steps
+        assert int(row["values"]) == ranks * steps * VALUES_PER_BODY
+        for name in POSITIVE:
+            value = float(row[name])
+            assert math.isfinite(value) and value > 0, (name, row[name])
+        for name in ("finalise_p50_ms", "finalise_p99_ms"):
+            assert math.isfinite(float(row[name])), (name, row[name])
+        assert float(row["finalise_p50_ms"]) <= float(row["finalise_p99_ms"])
+        assert float(row["values_per_s"]) == pytest.approx(
+            float(row["rank_steps_per_s"]) * VALUES_PER_BODY, rel=1e-4
+        )
+        assert float(row["db_cpu_s"]) == 0.0  # SQLite runs inside the server
+    assert (tmp_path / "scale_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one line of progress per row, and one per Pushgateway anchor
+    assert done.stderr.count(" ranks × ") == 2
+    assert done.stderr.count("Pushgateway ") >= 2
