@@ -30,6 +30,8 @@ class ServedService:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}  # more environment for the service (STEPTALLY_AUTH=on)
+        self.ready_token: str | None = None  # a read token for /readyz, with auth on
         if migrate:
             self.cli("migrate", "--database-url", database_url)
 
@@ -58,11 +60,13 @@ class ServedService:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
             )
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                auth = {"Authorization": f"Bearer {self.ready_token}"} if self.ready_token else {}
+                if httpx.get(f"{self.url}/readyz", headers=auth).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
