@@ -17,6 +17,7 @@ so its stamps compare with the clients' answer times.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import resource
 import socket
 import time
@@ -229,7 +230,16 @@ def blast(jobs: list[Job], on_start: Any = None, timeout_s: float = 3600) -> Bla
     if on_start is not None:
         on_start()
     barrier.wait(timeout=timeout_s)
-    sent = [out.get(timeout=timeout_s) for _ in jobs]
+    sent: list[Sent] = []
+    while len(sent) < len(jobs):
+        try:
+            sent.append(out.get(timeout=1.0))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline + timeout_s:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"client processes failed (exit {failed})") from None
     for p in procs:
         p.join(timeout=30)
     return Blast(sent)
@@ -268,7 +278,7 @@ class Listener:
         while missing and time.monotonic() < deadline:
             try:
                 event = self._out.get(timeout=max(0.01, deadline - time.monotonic()))
-            except Exception:  # queue.Empty: the timeout
+            except queue.Empty:
                 break
             self.seen.append(event)
             missing.discard(event[0])

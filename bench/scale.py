@@ -116,6 +116,7 @@ COLUMNS = [
     "db_cpu_s",
     "client_cpu_s",
     "machine_cpu_s",
+    "machine_busy_share",
     "server_cpu_us_per_value",
     "client_cpu_us_per_request",
     "floor_server_cpu_us_per_request",
@@ -476,6 +477,7 @@ def measure(
         "db_cpu_s": window.db_s,
         "client_cpu_s": result.cpu_s,
         "machine_cpu_s": window.machine_s,
+        "machine_busy_share": window.machine_s / (result.elapsed_s * (os.cpu_count() or 1)),
         "server_cpu_us_per_value": 1e6 * (window.server_s + window.db_s) / values,
         "client_cpu_us_per_request": 1e6 * result.cpu_s / done,
         "floor_server_cpu_us_per_request": 1e6 * floor_window.server_s / floor.done,
@@ -555,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--bodies", type=int, default=1024, help="rank-steps per row at least (more steps)"
     )
-    p.add_argument("--min-steps", type=int, default=3, help="steps per row at least")
+    p.add_argument("--min-steps", type=int, default=4, help="steps per row at least")
     p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
     p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
     p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
