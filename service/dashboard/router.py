@@ -2,11 +2,14 @@
 
 The pages fetch their data from the REST API in the browser; here a run page only
 checks that the run exists, so an unknown run answers a 404 page with a link back.
+With auth on the pages are open to anyone and hold no data (their scripts read the
+API with a read token, ``static/auth.js``), so a run page is served without that
+check: whether a run exists is for a read token to learn.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from steptally.service.api.deps import ServiceDep
@@ -25,7 +28,9 @@ def runs_list() -> HTMLResponse:
 
 
 @router.get("/runs/{run}", response_class=HTMLResponse)
-def run_view(run: str, service: ServiceDep) -> HTMLResponse:
+def run_view(run: str, service: ServiceDep, request: Request) -> HTMLResponse:
+    if request.app.state.settings.auth:
+        return HTMLResponse(run_page(run), headers=PAGE_CACHE)
     try:
         service.runs.get(run)  # the known runs, not the run's summary (a count of its steps)
     except UnknownRun:

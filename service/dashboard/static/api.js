@@ -1,4 +1,6 @@
-// The public REST API, as the dashboard reads it.
+// The public REST API, as the dashboard reads it (with the read token, if one is given).
+
+import { askForToken, authHeaders } from "./auth.js";
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -15,8 +17,11 @@ async function get(path, params = {}) {
     for (const v of Array.isArray(value) ? value : [value]) query.append(key, String(v));
   }
   const url = query.size ? `${path}?${query}` : path;
-  const response = await fetch(url, { headers: { accept: "application/json" } });
+  const headers = { accept: "application/json", ...authHeaders() };
+  const response = await fetch(url, { headers });
   const body = await response.json().catch(() => null);
+  if (response.status === 401 || response.status === 403)
+    askForToken(response.status, body?.error?.message);
   if (!response.ok) throw new ApiError(response.status, body);
   return body;
 }

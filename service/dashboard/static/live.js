@@ -3,10 +3,12 @@
 // what was missed while the connection was down.
 
 import { eventsUrl } from "./api.js";
+import { prepareStream } from "./auth.js";
 
 // onStep(step object); onState("open" | "connecting" | "closed"). Resolves once the
 // stream is open or has failed, so that fetches made after it miss no step.
 export function follow(run, onStep, onState) {
+  prepareStream(); // EventSource sends no headers: the token goes in a cookie
   const source = new EventSource(eventsUrl(run));
   source.addEventListener("step", (e) => onStep(JSON.parse(e.data)));
   return new Promise((resolve) => {

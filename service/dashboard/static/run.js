@@ -211,4 +211,8 @@ class RunPage {
 
 const page = new RunPage(document.body.dataset.run);
 window.steptally = page; // for the browser tests: charts, heatmap, detail
-page.start();
+page.start().catch((error) => {
+  // with auth on, an unknown run or a refused token shows here (the page is served as is)
+  $("run-summary").textContent = `could not load the run: ${error.message}`;
+  document.body.dataset.state = "error";
+});
