@@ -1,7 +1,8 @@
 """The production stack in docker-compose.yml, checked from the files themselves:
 pinned images, a healthcheck on every long-running service, start order, three
 replicas sharing one database and one Redis behind the load balancer, Redis with an
-append-only file, and Prometheus scraping every replica."""
+append-only file, Prometheus scraping every replica, and auth on with the stack's own
+read tokens made by a one-shot service."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLICAS = ["steptally-1", "steptally-2", "steptally-3"]
-ONE_SHOT = {"migrate"}
+ONE_SHOT = {"migrate", "tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,11 @@ def test_start_order_waits_for_what_each_service_needs(services: dict[str, Any])
             "postgres": {"condition": "service_healthy"},
             "redis": {"condition": "service_healthy"},
             "migrate": {"condition": "service_completed_successfully"},
+            "tokens": {"condition": "service_completed_successfully"},
         }
     assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    done = {"condition": "service_completed_successfully"}
+    assert services["tokens"]["depends_on"] == {"migrate": done}
     healthy_replicas = {n: {"condition": "service_healthy"} for n in REPLICAS}
     assert services["loadbalancer"]["depends_on"] == healthy_replicas
     assert services["prometheus"]["depends_on"] == healthy_replicas
@@ -107,3 +111,29 @@ def test_prometheus_scrapes_every_replica(services: dict[str, Any]) -> None:
     assert static["targets"] == [f"{n}:8000" for n in _replicas(services)]
     mount = services["prometheus"]["volumes"][0]
     assert mount.startswith("./deploy/prometheus/prometheus.yml:")
+
+
+def test_auth_is_on_and_the_stack_makes_its_own_read_tokens(services: dict[str, Any]) -> None:
+    env = services["steptally-1"]["environment"]
+    assert env["STEPTALLY_AUTH"] == "on"
+    tokens = services["tokens"]
+    assert tokens["environment"] == env  # the same database
+    assert tokens["volumes"] == ["tokens:/run/steptally/tokens"]
+    script = tokens["command"][0]
+    assert "for who in prometheus healthcheck; do" in script
+    assert "steptally token create --scope read" in script
+    for name in REPLICAS:
+        assert services[name]["volumes"] == ["tokens:/run/steptally/tokens:ro"]
+        probe = services[name]["healthcheck"]["test"][3]
+        assert "open('/run/steptally/tokens/healthcheck')" in probe
+        assert "'Authorization': 'Bearer ' + t" in probe and "/readyz" in probe
+
+
+def test_prometheus_scrapes_with_its_read_token(services: dict[str, Any]) -> None:
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/prometheus/tokens/prometheus",
+    }
+    assert "tokens:/etc/prometheus/tokens:ro" in services["prometheus"]["volumes"]
