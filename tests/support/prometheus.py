@@ -20,17 +20,24 @@ from support.served import free_port
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path) -> None:
+    def __init__(self, target: str, tmp: Path, token: str | None = None) -> None:
+        """``token``: scrape with this bearer token (a read token, for auth on)."""
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("the prometheus binary is missing: run scripts/ensure-services.sh")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / "prometheus.yml"
+        auth = ""
+        if token is not None:
+            (tmp / "token").write_text(token + "\n")
+            auth = (
+                f"    authorization:\n      type: Bearer\n      credentials_file: {tmp / 'token'}\n"
+            )
         config.write_text(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             "scrape_configs:\n  - job_name: steptally\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
+            f"{auth}    static_configs:\n      - targets: ['{target}']\n"
         )
         self.log = tmp / "prometheus.log"
         with open(self.log, "wb") as log:
