@@ -14,8 +14,15 @@ a ``torch.distributed.all_reduce`` (gloo) of the same METRICS values per microba
 and, more favourable to the anchor, one all-reduce of all METRICS × MICROBATCHES values
 per step.
 
+With ``--why`` each timed call also reads the thread's resource usage before and after
+(outside the timed window), and the calls at or above p99 are told apart by what
+happened inside them: the thread blocked (a voluntary context switch: waiting for the
+GIL or a lock), was preempted by the OS (an involuntary one), took a page fault, or
+none of these (plain CPU time: cold caches, an interrupt, a shared core).
+
 Usage:
     python bench/reporter_log.py [--ranks 8] [--steps 300] [--metrics 32] [--microbatches 8]
+                                 [--why]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -30,8 +38,34 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def _usage() -> tuple[int, int, int]:
+    u = resource.getrusage(_THREAD)
+    return u.ru_nvcsw, u.ru_nivcsw, u.ru_minflt
+
+
+def _timed(
+    fn: Callable[..., object], args: tuple[Any, ...], why: list[tuple[int, int, int]] | None
+) -> int:
+    """Nanoseconds ``fn(*args)`` took; with ``why``, append what happened inside it."""
+    clock = time.perf_counter_ns
+    if why is None:
+        t0 = clock()
+        fn(*args)
+        return clock() - t0
+    u0 = _usage()
+    t0 = clock()
+    fn(*args)
+    dt = clock() - t0
+    u1 = _usage()
+    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2]))
+    return dt
 
 
 def _free_port() -> int:
@@ -66,6 +100,7 @@ def _time_reporter(
     spec = {"metrics": {n: "sum" for n in names}}
     calls: list[float] = []
     steps: list[float] = []
+    why: list[tuple[int, int, int]] = []
     clock = time.perf_counter_ns
     with (
         tempfile.TemporaryDirectory() as spool,
@@ -87,9 +122,7 @@ def _time_reporter(
                 rows.append(row)
             total = 0
             for row in rows:
-                t0 = clock()
-                reporter.log(step, row)
-                dt = clock() - t0
+                dt = _timed(reporter.log, (step, row), _why(args, step, why))
                 total += dt
                 if step >= args.warmup:
                     calls.append(dt / 1e3)
@@ -100,7 +133,13 @@ def _time_reporter(
                 steps.append(total / 1e3)
             _compute(args.gap_ms)
         assert reporter.flush(60), reporter.stats()
-    return {"call": calls, "step": steps}
+    return {"call": calls, "step": steps, "why": why}
+
+
+def _why(
+    args: argparse.Namespace, step: int, why: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]] | None:
+    return why if args.why and step >= args.warmup else None
 
 
 def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -108,7 +147,7 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
     names = [f"m{i:02d}" for i in range(args.metrics)]
     calls: list[float] = []
     steps: list[float] = []
-    clock = time.perf_counter_ns
+    why: list[tuple[int, int, int]] = []
     kept: list[list[float]] = []
 
     def touch(row: dict[str, float]) -> None:
@@ -121,9 +160,7 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
         ]
         total = 0
         for row in rows:
-            t0 = clock()
-            touch(row)
-            dt = clock() - t0
+            dt = _timed(touch, (row,), _why(args, step, why))
             total += dt
             if step >= args.warmup:
                 calls.append(dt / 1e3)
@@ -131,7 +168,7 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
             steps.append(total / 1e3)
         kept.clear()
         _compute(args.gap_ms)
-    return {"call": calls, "step": steps}
+    return {"call": calls, "step": steps, "why": why}
 
 
 def _time_all_reduce(args: argparse.Namespace, fused: bool) -> dict[str, list[float]]:
@@ -219,6 +256,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--gap-ms", type=float, default=20.0, help="CPU work between steps")
+    p.add_argument("--why", action="store_true", help="tell apart the causes of the tail")
     args = p.parse_args()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -241,21 +279,49 @@ def main() -> None:
     _print_table(args, merged)
 
 
-def _print_table(args: argparse.Namespace, merged: dict[str, dict[str, list[float]]]) -> None:
+def _print_table(args: argparse.Namespace, merged: dict[str, dict[str, list[Any]]]) -> None:
     print(
         f"{args.ranks} ranks × {args.microbatches} microbatches × {args.metrics} metrics, "
         f"{args.steps} steps, {args.gap_ms:g} ms of CPU work between steps, "
         f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
     )
     anchor = statistics.median(merged["all_reduce per microbatch"]["step"])
-    header = f"{'training thread':28} {'call p50':>10} {'call p99':>10} {'step p50':>10} "
-    print(header + f"{'step p99':>10} {'anchor/this (step p50)':>24}")
+    cols = ("call p50", "call p99", "p99.9", "max", "step p50", "step p99")
+    print(f"{'training thread':28}" + "".join(f"{c:>10}" for c in cols) + "  anchor/this")
     for name, s in merged.items():
-        step_p50 = statistics.median(s["step"])
-        print(
-            f"{name:28} {statistics.median(s['call']):9.1f}µ {_quantile(s['call'], 0.99):9.1f}µ "
-            f"{step_p50:9.1f}µ {_quantile(s['step'], 0.99):9.1f}µ {anchor / step_p50:23.1f}×"
+        calls, step_p50 = s["call"], statistics.median(s["step"])
+        row = (
+            statistics.median(calls),
+            _quantile(calls, 0.99),
+            _quantile(calls, 0.999),
+            max(calls),
+            step_p50,
+            _quantile(s["step"], 0.99),
         )
+        print(f"{name:28}" + "".join(f"{_us(x):>10}" for x in row) + f"  {anchor / step_p50:.0f}×")
+    for name, s in merged.items():
+        if s.get("why"):
+            print(_causes(name, s["call"], s["why"]))
+
+
+def _us(x: float) -> str:
+    return f"{x:.1f}µ" if x < 1000 else f"{x / 1000:.2f}m"
+
+
+def _causes(name: str, calls: list[float], why: list[tuple[int, int, int]]) -> str:
+    """What happened inside the calls at or above p99."""
+    cut = _quantile(calls, 0.99)
+    tail = [w for c, w in zip(calls, why, strict=True) if c >= cut]
+    blocked = sum(1 for v, _, _ in tail if v)
+    preempted = sum(1 for v, i, _ in tail if i and not v)
+    faulted = sum(1 for v, i, f in tail if f and not v and not i)
+    rest = len(tail) - blocked - preempted - faulted
+    anywhere = sum(1 for v, _, _ in why if v)
+    return (
+        f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): blocked {blocked}, "
+        f"preempted {preempted}, page fault {faulted}, none of these {rest}; "
+        f"calls that blocked at all: {anywhere} of {len(why)}"
+    )
 
 
 if __name__ == "__main__":
