@@ -500,6 +500,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -527,7 +528,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks(xs, [str(x) for x in xs])
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(xs, [str(int(x)) for x in xs])
         ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -535,6 +539,27 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as the table of bench/README.md, Scale."""
+    out = [
+        "| config | ranks × steps | rank-steps/s | values/s | µs/value | × HTTP floor "
+        "| × Pushgateway | finalise p50 / p99 ms | completing request p50 / p99 ms "
+        "(median request) | server + db CPU µs/value | client CPU µs/request | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['config']} | {r['ranks']} × {r['steps']} | {r['rank_steps_per_s']:.0f} "
+            f"| {r['values_per_s'] / 1000:.0f}k | {r['us_per_value']:.1f} "
+            f"| {r['floor_ratio']:.3f} | {r['pushgateway_ratio']:.1f} "
+            f"| {r['finalise_p50_ms']:.1f} / {r['finalise_p99_ms']:.1f} "
+            f"| {r['completing_rtt_p50_ms']:.0f} / {r['completing_rtt_p99_ms']:.0f} "
+            f"({r['rtt_p50_ms']:.0f}) | {r['server_cpu_us_per_value']:.1f} "
+            f"| {r['client_cpu_us_per_request']:.0f} | {r['peak_rss_mb']:.0f} |"
+        )
+    return "\n".join(out)
 
 
 def progress(row: dict[str, Any]) -> None:
@@ -580,6 +605,7 @@ def main(argv: list[str] | None = None) -> None:
             progress(row)
             write_csv(rows, args.out / f"{stem}.csv")
     plot(rows, args.out / f"{stem}.png")
+    print(markdown(rows))
     log(f"wrote {args.out / stem}.csv and .png in {time.monotonic() - t0:.0f} s")
 
 
