@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--bodies", type=int, default=1024, help="rank-steps per row at least (more steps)"
     )
-    p.add_argument("--min-steps", type=int, default=4, help="steps per row at least")
+    p.add_argument("--min-steps", type=int, default=6, help="steps per row at least")
     p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
     p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
     p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
