@@ -6,10 +6,11 @@ The app keeps its objects on ``app.state``:
 * ``registry`` — a ``prometheus_client.CollectorRegistry`` of its own (never the global
   one), where ``telemetry`` registers its metrics and a ``/metrics`` route can read;
 * ``telemetry`` — :class:`~steptally.service.telemetry.Telemetry`;
-* ``store`` — the :class:`~steptally.service.store.base.Store` (SQL today);
+* ``store`` — the :class:`~steptally.service.store.base.Store`, given or opened from
+  the settings by :func:`~steptally.service.store.factory.open_store`;
 * ``service`` — the :class:`~steptally.service.usecase.service.Service` the routers use.
 
-The lifespan checks that the database schema is at head, starts the fan-out of
+The lifespan checks that the store is ready (its database schema at head), starts the fan-out of
 finalisations over Redis when ``redis_url`` is set (``service/coordination/``) and the
 sweeper of overdue steps, and on shutdown stops them and closes the store.
 """
@@ -32,14 +33,11 @@ from steptally.service.auth.middleware import Guard
 from steptally.service.auth.wiring import limiter_of, open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
-from steptally.service.coordination.schedule import DeadlineSchedule
-from steptally.service.coordination.store import CoordinatedStore
 from steptally.service.dashboard import router as dashboard
 from steptally.service.exposition import RunValueCollector
-from steptally.service.settings import Settings, database_limits
+from steptally.service.settings import Settings
 from steptally.service.store.base import Store
-from steptally.service.store.schema import check_current
-from steptally.service.store.sql import SqlStore
+from steptally.service.store.factory import open_store
 from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.events import EventHub
 from steptally.service.usecase.service import Service
@@ -47,23 +45,15 @@ from steptally.service.usecase.sweeper import sweep_forever
 
 
 def create_app(
-    settings: Settings | None = None,
+    settings: Settings,
     *,
+    store: Store | None = None,
     clock: Callable[[], float] = time.time,
     sweep: bool = True,
 ) -> FastAPI:
-    """Build the service. ``clock`` and ``sweep=False`` exist for tests."""
-    settings = settings or Settings()
-    sql = SqlStore.from_url(
-        settings.database_url,
-        settings.ingest_group_max_batches,
-        settings.ingest_group_max_bytes,
-        database_limits(settings),
-    )
-    store: Store = sql
-    if settings.redis_url is not None:  # open steps scheduled in Redis for every replica
-        keys = RedisKeys(settings.redis_prefix)
-        store = CoordinatedStore(sql, DeadlineSchedule.from_url(settings.redis_url, keys))
+    """Build the service over ``store`` (None: the one ``settings`` describe); the app
+    closes it at shutdown. ``clock`` and ``sweep=False`` exist for tests."""
+    store = store if store is not None else open_store(settings)
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
     registry.register(RunValueCollector(store.exposition_snapshot))
@@ -79,7 +69,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = None
         try:
-            await run_in_threadpool(check_current, sql.engine, settings.database_url)
+            await run_in_threadpool(store.check_ready)
             if fanout is not None:
                 await fanout.start()
             if sweep:

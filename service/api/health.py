@@ -25,7 +25,7 @@ async def readyz(request: Request, service: ServiceDep) -> JsonResponse:
     timeout_s: float = request.app.state.settings.readyz_timeout_s
     try:
         with anyio.fail_after(timeout_s):  # the thread is left to its statement timeout
-            await anyio.to_thread.run_sync(service.store.ping, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(service.ready, abandon_on_cancel=True)
     except NotMigrated as exc:
         return error_response(request, 503, "not_ready", exc.message, None)
     except TimeoutError:

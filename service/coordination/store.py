@@ -106,8 +106,8 @@ class CoordinatedStore:
     def exposition_snapshot(self) -> list[RunSnapshot]:
         return self.sql.exposition_snapshot()
 
-    def ping(self) -> None:
-        self.sql.ping()
+    def check_ready(self) -> None:
+        self.sql.check_ready()
 
     def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         outcome = self.sql.ingest(run, batch, now)

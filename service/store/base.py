@@ -1,9 +1,11 @@
 """The storage interface the use cases talk to, and the plain records it returns.
 
-One implementation today (:mod:`.sql`, SQLite or PostgreSQL); a Redis-backed hot
-state for open steps can implement the same :class:`Store` later. Every method that
-writes is one atomic transaction: it either happens entirely or not at all, and a
-method returns only once its effect is durable.
+:func:`~steptally.service.store.factory.open_store` builds the store that settings
+describe: :mod:`.sql` (SQLite or PostgreSQL), with Redis coordination beside it when
+``redis_url`` is set (:mod:`steptally.service.coordination.store`); every one
+behaves alike, which ``tests/contract/`` checks. Every method that writes is one
+atomic transaction: it either happens entirely or not at all, and a method returns
+only once its effect is durable.
 
 Finalisation happens inside the store's transactions (``ingest`` and ``sweep``),
 under the step's lock, so each revision of a step is finalised exactly once however
@@ -165,8 +167,9 @@ class Store(Protocol):
 
     def exposition_snapshot(self) -> list[RunSnapshot]: ...
 
-    def ping(self) -> None:
-        """Raise if the store cannot answer."""
+    def check_ready(self) -> None:
+        """Raise unless the store can serve now: it answers, and its schema is the one
+        this code needs (else :class:`~steptally.service.errors.NotMigrated`)."""
         ...
 
     def close(self) -> None: ...

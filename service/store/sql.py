@@ -86,7 +86,7 @@ class SqlStore:
         with self._writers, transaction(self.engine, write=True) as conn:
             yield conn
 
-    def ping(self) -> None:
+    def check_ready(self) -> None:
         """Raise unless the database answers and its schema is at head (``NotMigrated``)."""
         with transaction(self.engine, write=False) as conn:
             conn.execute(select(1))

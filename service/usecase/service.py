@@ -39,6 +39,10 @@ class Service:
         self.publisher: EventPublisher = publisher or self.events
         self.ingest = Ingest(store, self.runs, telemetry, clock, self._published)
 
+    def ready(self) -> None:
+        """Raise unless the store can serve (``NotMigrated`` when its schema is not at head)."""
+        self.store.check_ready()
+
     def register_run(
         self, request: RunRequest, grant: Grant = Grant.ANY
     ) -> tuple[dict[str, Any], bool]:

@@ -1,0 +1,36 @@
+"""The one place that turns settings into a :class:`~steptally.service.store.base.Store`.
+
+``create_app(settings)`` calls :func:`open_store` unless it is handed a store; tests
+and tools that want the storage alone call it too, so every configuration is built
+the same way:
+
+* ``database_url`` — SQLite (the embedded default) or PostgreSQL, through
+  :class:`~steptally.service.store.sql.SqlStore`, with the group-commit bounds and
+  the database timeouts of the settings;
+* ``redis_url`` set — the SQL store inside a
+  :class:`~steptally.service.coordination.store.CoordinatedStore`, which keeps the
+  shared schedule of open steps in Redis (SQL stays the source of truth).
+"""
+
+from __future__ import annotations
+
+from steptally.service.coordination.keys import RedisKeys
+from steptally.service.coordination.schedule import DeadlineSchedule
+from steptally.service.coordination.store import CoordinatedStore
+from steptally.service.settings import Settings, database_limits
+from steptally.service.store.base import Store
+from steptally.service.store.sql import SqlStore
+
+
+def open_store(settings: Settings) -> Store:
+    """The store ``settings`` describe; the caller closes it."""
+    sql = SqlStore.from_url(
+        settings.database_url,
+        settings.ingest_group_max_batches,
+        settings.ingest_group_max_bytes,
+        database_limits(settings),
+    )
+    if settings.redis_url is None:
+        return sql
+    keys = RedisKeys(settings.redis_prefix)
+    return CoordinatedStore(sql, DeadlineSchedule.from_url(settings.redis_url, keys))
