@@ -157,7 +157,9 @@ def replicas(url: str, n: int, redis_prefix: str | None, logs: Path) -> Iterator
     exe = [sys.executable, "-m", "steptally.service.cli"]
     serve = [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--port"]
     env = _env(redis_prefix)
-    subprocess.run([*exe, "migrate", "--database-url", url], check=True, capture_output=True)
+    migrated = subprocess.run([*exe, "migrate", "--database-url", url], capture_output=True)
+    if migrated.returncode != 0:
+        raise RuntimeError(f"steptally migrate failed:\n{migrated.stderr.decode()[-2000:]}")
     started: list[Replica] = []
     try:
         for i in range(n):
