@@ -7,7 +7,9 @@ With auth on (``STEPTALLY_AUTH=on``) a request that needs a scope
 No token, or one that is unknown, revoked or malformed: 401 ``unauthenticated`` with
 ``WWW-Authenticate: Bearer``. A valid token without the scope, or bound to another
 run: 403 ``forbidden``. The token is verified against the database on every request
-(no cache), so a revocation holds at once on every replica.
+(no cache), so a revocation holds at once on every replica; an event stream that is
+already open checks its token again every ``recheck_s`` seconds and is ended once the
+token is revoked (the browser's reconnect is then refused).
 
 The rate limit counts each valid token's requests in its own bucket; everything else
 (auth off, open routes, requests without a valid token) counts per client address.
@@ -21,9 +23,10 @@ What the token may register is left on the request (``request.state.grant``) for
 
 from __future__ import annotations
 
+import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request, cookie_parser
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steptally.service.api.errors import DATABASE_AWAY, answer_error
 from steptally.service.auth.grant import Grant
@@ -39,6 +42,7 @@ from steptally.service.errors import (
 )
 
 COOKIE = "steptally_token"
+RECHECK_S = 5.0  # how often an open event stream's token is verified again
 GRANT = "grant"  # the key in the request's state
 _MISSING = (
     "this route needs a token: send the header 'Authorization: Bearer <token>' "
@@ -51,11 +55,16 @@ class Guard:
     """ASGI middleware; ``tokens`` None: auth off; ``limiter`` None: no rate limit."""
 
     def __init__(
-        self, app: ASGIApp, tokens: TokenStore | None, limiter: RateLimiter | None
+        self,
+        app: ASGIApp,
+        tokens: TokenStore | None,
+        limiter: RateLimiter | None,
+        recheck_s: float = RECHECK_S,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.limiter = limiter
+        self.recheck_s = recheck_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +77,42 @@ class Guard:
             return
         grant: Grant = grant_of(token)
         scope.setdefault("state", {})[GRANT] = grant
-        await self.app(scope, receive, send)
+        if token is not None and need_of(scope["method"], scope["path"]).cookie:
+            await self._stream(token, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _stream(self, token: Token, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve an event stream while ``token`` stays valid; end it once revoked."""
+        assert self.tokens is not None
+        tokens, credential = self.tokens, _credential(scope, cookie=True) or ""
+
+        async def watch(cancel: anyio.CancelScope) -> None:
+            while True:
+                await anyio.sleep(self.recheck_s)
+                try:
+                    valid = await run_in_threadpool(tokens.verify, credential)
+                except DATABASE_AWAY:
+                    continue  # the database is away: not a revocation
+                if valid is None:
+                    cancel.cancel()
+                    return
+
+        state = {"started": False, "done": False}
+
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                state["done"] = True
+            await send(message)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch, group.cancel_scope)
+            await self.app(scope, receive, tracked)
+            group.cancel_scope.cancel()
+        if state["started"] and not state["done"]:  # ended by a revocation: end it cleanly
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _admit(self, scope: Scope) -> Token | None:
         path: str = scope["path"]
