@@ -8,7 +8,7 @@ On SQLite one writer holds the database at a time: the writers of one store queu
 on a lock of their own and take turns at once, instead of polling SQLite's busy
 handler (which sleeps for milliseconds). Other processes still meet the busy timeout.
 
-Ingests are group-committed (:mod:`.sql_group`): batches that arrive while a
+Ingests are group-committed (:mod:`.group_commit`): batches that arrive while a
 transaction is in progress share the next one, each in its own savepoint, so one
 ``COMMIT`` makes a whole group durable. ``group_max_batches=1`` turns this off.
 """
@@ -37,8 +37,8 @@ from steptally.service.store.base import (
 )
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
+from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.schema import check_current
-from steptally.service.store.sql_group import GroupCommit, Pending
 from steptally.service.store.sql_run import load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
