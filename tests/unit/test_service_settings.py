@@ -10,6 +10,22 @@ from steptally.service import errors
 from steptally.service.settings import Settings
 
 
+def test_auth_is_off_and_the_rate_limit_on_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STEPTALLY_AUTH", raising=False)
+    monkeypatch.setenv("STEPTALLY_DATABASE_URL", f"sqlite:///{tmp_path}/db.sqlite3")
+    settings = Settings()
+    assert (settings.auth, settings.rate_limit_per_s, settings.rate_limit_burst) == (
+        False,
+        10_000.0,
+        20_000,
+    )
+    for text, on in (("on", True), ("off", False), ("1", True), ("true", True)):
+        monkeypatch.setenv("STEPTALLY_AUTH", text)
+        assert Settings().auth is on
+
+
 def test_environment_prefix_and_sqlite_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -27,6 +43,8 @@ def test_every_contract_code_has_its_status() -> None:
     expected = {
         "bad_json": 400,
         "unsupported_encoding": 400,
+        "unauthenticated": 401,
+        "forbidden": 403,
         "unknown_run": 404,
         "unknown_step": 404,
         "spec_conflict": 409,
@@ -39,6 +57,7 @@ def test_every_contract_code_has_its_status() -> None:
         "unknown_metric": 422,
         "invalid_value": 422,
         "rank_out_of_range": 422,
+        "rate_limited": 429,
     }
     found = {}
     stack: list[type[errors.ServiceError]] = [errors.ServiceError]
