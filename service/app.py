@@ -30,6 +30,7 @@ from steptally.service.api import docs, errors, events, fragments, health, metri
 from steptally.service.api.deadline import RequestDeadline
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.auth.middleware import Guard
+from steptally.service.auth.openapi import declare_bearer
 from steptally.service.auth.wiring import limiter_of, open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
@@ -95,6 +96,8 @@ def create_app(
     app.state.service = service
     errors.install(app)
     app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
+    if tokens is not None:
+        declare_bearer(app)
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, events, health, metrics, docs):

@@ -211,3 +211,13 @@ def test_auth_is_off_by_default(client: TestClient) -> None:
     assert client.post("/v1/runs", json=SPEC).status_code == 201
     assert client.post("/v1/runs/r/fragments", json=BATCH).status_code == 200
     assert client.get("/v1/runs/r/steps/0").json()["status"] == "complete"
+
+
+def test_the_api_description_declares_the_bearer_token(make_client: Any) -> None:
+    _, on = make_client(auth=True)
+    described = on.get("/openapi.json").json()
+    assert described["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert described["security"] == [{"bearer": []}]
+    _, off = make_client()
+    plain = off.get("/openapi.json").json()
+    assert "security" not in plain and "securitySchemes" not in plain.get("components", {})
