@@ -164,8 +164,8 @@ def _decode_rows(rows: object) -> FragmentBatch:
             raise WireError(f"{where}.values", "must be an object of metric name to number")
         cells: dict[int, float] = {}
         for name, v in values.items():
-            if not NAME_PATTERN.match(name):
-                raise WireError(f"{where}.values", f"{name!r} is not a valid metric name")
+            if not NAME_PATTERN.fullmatch(name):
+                raise WireError(f"{where}.values", f"{name!r:.40} is not a valid metric name")
             col = index.setdefault(name, len(index))
             cells[col], tail = decode_value(v, f"{where}.values.{name}")
             if tail:
@@ -191,8 +191,8 @@ def _decode_columnar(data: object) -> FragmentBatch:
     if not isinstance(metrics, list) or not all(isinstance(n, str) for n in metrics):
         raise WireError("columnar.metrics", "must be a list of metric names")
     for name in metrics:
-        if not NAME_PATTERN.match(name):
-            raise WireError("columnar.metrics", f"{name!r} is not a valid metric name")
+        if not NAME_PATTERN.fullmatch(name):
+            raise WireError("columnar.metrics", f"{name!r:.40} is not a valid metric name")
     if len(set(metrics)) != len(metrics):
         raise WireError("columnar.metrics", "names a metric twice")
     steps = int_column(data, "step", None)

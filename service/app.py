@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
 from steptally.service.api.deadline import RequestDeadline
 from steptally.service.api.instrument import RequestMetrics
+from steptally.service.api.limits import BodyBudget, RequestLimits
 from steptally.service.auth.middleware import Guard
 from steptally.service.auth.openapi import declare_bearer
 from steptally.service.auth.wiring import limiter_of, open_tokens
@@ -88,13 +89,22 @@ def create_app(
             if tokens is not None:
                 tokens.close()
 
-    app = FastAPI(title="Steptally", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="Steptally",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        redirect_slashes=False,  # a redirect would echo the Host header: a trailing / is 404
+    )
     app.state.settings = settings
     app.state.registry = registry
     app.state.telemetry = telemetry
     app.state.store = store
     app.state.service = service
+    app.state.body_budget = BodyBudget(settings.max_inflight_body_bytes, settings.body_wait_s)
     errors.install(app)
+    app.add_middleware(RequestLimits, settings=settings)  # content type and body size
     app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
     if tokens is not None:
         declare_bearer(app)

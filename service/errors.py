@@ -15,6 +15,7 @@
     │   ├── CommitConflict             commit_conflict
     │   └── StepComplete               step_complete
     ├── TooLarge                   413 too_large
+    ├── UnsupportedMediaType       415 unsupported_media_type (a JSON route, another type)
     ├── Invalid                    422
     │   ├── InvalidPayload             invalid_payload
     │   ├── InvalidSpec                invalid_spec
@@ -110,6 +111,11 @@ class StepComplete(Conflict):
 class TooLarge(ServiceError):
     status = 413
     code = "too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class Invalid(ServiceError):

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from steptally.client.algebra.spec import SpecLimits
+from steptally.service.domain.limits import RunLimits
 from steptally.service.store.engine import DatabaseLimits
 
 DEFAULT_DATABASE_URL = "sqlite:///./var/steptally.sqlite3"
@@ -25,9 +27,8 @@ class Settings(BaseSettings):
     database_url: str = DEFAULT_DATABASE_URL
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     sweep_interval_s: float = Field(default=1.0, gt=0)
-    default_step_timeout_s: float = Field(default=300.0, gt=0)
+    default_step_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     # group commit: at most this many batches (and bytes of values) share a transaction;
     # 1 gives every batch its own transaction. Unset: 64 on SQLite, where each commit is
     # an fsync that grouping saves; 1 on PostgreSQL, where grouping gained nothing on the
@@ -54,6 +55,23 @@ class Settings(BaseSettings):
     # one token sends about 8,200 a second (two batches a second per rank)
     rate_limit_per_s: float = Field(default=10_000.0, ge=0, allow_inf_nan=False)
     rate_limit_burst: int = Field(default=20_000, ge=1)
+    # limits (docs/security.md, Limits): each is checked before the work it bounds
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # a fragments body, inflated
+    max_spec_body_bytes: int = Field(default=1024 * 1024, gt=0)  # POST /v1/runs
+    max_other_body_bytes: int = Field(default=64 * 1024, gt=0)  # every other route
+    # bodies of fragments being decoded at once in a process (raw plus inflated bytes); a
+    # request waits up to body_wait_s for room, then is 503 unavailable with Retry-After
+    max_inflight_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    body_wait_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    max_world_size: int = Field(default=1_048_576, ge=1, le=2**31 - 1)
+    max_step_timeout_s: float = Field(default=7 * 86_400.0, gt=0, allow_inf_nan=False)
+    # derived expressions as a whole, with derived names expanded: operands summed over
+    # the spec, deepest nesting, longest chain of derived values using one another
+    max_derived_size: int = Field(default=10_000, ge=1)
+    max_derived_depth: int = Field(default=200, ge=1, le=400)
+    max_derived_chain: int = Field(default=16, ge=1, le=100)
+    # /metrics shows the runs that registered or finalised a step within this window
+    metrics_window_s: float = Field(default=86_400.0, gt=0, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod
@@ -63,6 +81,18 @@ class Settings(BaseSettings):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         return url
+
+
+def run_limits(settings: Settings) -> RunLimits:
+    return RunLimits(
+        max_world_size=settings.max_world_size,
+        max_step_timeout_s=settings.max_step_timeout_s,
+        spec=SpecLimits(
+            max_size=settings.max_derived_size,
+            max_depth=settings.max_derived_depth,
+            max_chain=settings.max_derived_chain,
+        ),
+    )
 
 
 def database_limits(settings: Settings) -> DatabaseLimits:

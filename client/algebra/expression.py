@@ -6,6 +6,11 @@ caller. Decimal literals are exact (``0.1`` means one tenth). An operand that is
 non-finite switches that operation to IEEE float arithmetic, so NaN and the
 infinities propagate as they would in float64; a zero denominator makes the
 result undefined, with the reason.
+
+Evaluation is bounded (:class:`Budget`): an operand whose exact value has more than
+``MAX_VALUE_BITS`` bits makes its expression undefined, and so does every operation
+past a step's work budget, so no spec, however it got into a database, can keep a
+thread busy for long. :func:`cost` measures a spec before it is accepted.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ MAX_LENGTH = 1000
 MAX_DIGITS = 64  # a literal's digits, and the size of its decimal exponent: a literal is
 MAX_EXPONENT = 400  # exact, so 1e999999999 would be a billion-digit integer
 MAX_DEPTH = 100  # nested signs and parentheses
+MAX_VALUE_BITS = 1 << 16  # an exact operand's numerator and denominator bits (~8 ms a product)
+WORK_BUDGET = 1 << 14  # work units of one evaluation of all of a step's derived values
 
 
 class Undefined(Exception):
@@ -223,17 +230,48 @@ def _binop(op: str, a: Exact, b: Exact, right_text: Callable[[], str]) -> Exact:
     return a / b
 
 
-def evaluate(node: Node, lookup: Callable[[str], Exact]) -> Exact:
-    """Evaluate exactly. ``lookup`` returns a metric's exact value or raises :class:`Undefined`."""
+def _bits(x: Exact) -> int:
+    if isinstance(x, float):
+        return 64
+    return x.numerator.bit_length() + x.denominator.bit_length()
+
+
+class Budget:
+    """The work one evaluation may do: an operation on exact values of ``b`` bits costs
+    about ``1 + (b / 4096)²`` units (products and gcds are superlinear in ``b``)."""
+
+    __slots__ = ("left", "max_bits")
+
+    def __init__(self, units: int = WORK_BUDGET, max_bits: int = MAX_VALUE_BITS) -> None:
+        self.left = units
+        self.max_bits = max_bits
+
+    def spend(self, a: Exact, b: Exact) -> None:
+        bits = max(_bits(a), _bits(b))
+        if bits > self.max_bits:
+            raise Undefined(
+                f"an exact intermediate value has more than {self.max_bits} bits; "
+                "simplify the expression"
+            )
+        self.left -= 1 + (bits >> 12) ** 2
+        if self.left < 0:
+            raise Undefined("the step's derived expressions exceed the evaluation budget")
+
+
+def evaluate(node: Node, lookup: Callable[[str], Exact], budget: Budget | None = None) -> Exact:
+    """Evaluate exactly. ``lookup`` returns a metric's exact value or raises :class:`Undefined`;
+    past ``budget`` (a fresh one when None) the value is :class:`Undefined`."""
+    budget = Budget() if budget is None else budget
     if isinstance(node, Num):
         return node.value
     if isinstance(node, Name):
         return lookup(node.name)
     if isinstance(node, Neg):
-        value = evaluate(node.operand, lookup)
+        value = evaluate(node.operand, lookup, budget)
         return -value
-    left = evaluate(node.left, lookup)
-    right = evaluate(node.right, lookup)
+    left = evaluate(node.left, lookup, budget)
+    right = evaluate(node.right, lookup, budget)
+    budget.spend(left, right)
     return _binop(node.op, left, right, lambda: f"`{node.right}`")
 
 
@@ -250,19 +288,26 @@ def to_float(value: Exact) -> float:
 def evaluate_all(
     exprs: Mapping[str, Node], base: Callable[[str], Exact]
 ) -> dict[str, Exact | Undefined]:
-    """Evaluate every derived expression; derived names may refer to one another."""
+    """Evaluate every derived expression; derived names may refer to one another.
+    All of them share one :class:`Budget`; a spec too deep to evaluate is undefined."""
     done: dict[str, Exact | Undefined] = {}
+    budget = Budget()
 
     def lookup(name: str) -> Exact:
         if name in exprs:
             if name not in done:
                 try:
-                    done[name] = evaluate(exprs[name], lookup)
+                    done[name] = evaluate(exprs[name], lookup, budget)
                 except Undefined as exc:
                     done[name] = exc
+                except RecursionError:
+                    done[name] = Undefined("the expression nests too deeply to evaluate")
             result = done[name]
-            if isinstance(result, Undefined):
-                raise Undefined(f"`{name}` is undefined: {result.args[0]}")
+            if isinstance(result, Undefined):  # named once, with the first cause
+                cause = getattr(result, "cause", result.args[0])
+                undefined = Undefined(f"`{name}` is undefined: {cause}")
+                undefined.cause = cause  # type: ignore[attr-defined]
+                raise undefined
             return result
         return base(name)
 
@@ -270,3 +315,82 @@ def evaluate_all(
         with contextlib.suppress(Undefined):
             lookup(name)
     return done
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What evaluating a spec's derived values costs, with every derived name inlined:
+    ``size`` sums the operands (numbers and metric names) over every expression,
+    ``depth`` is the deepest tree and ``chain`` the longest chain of derived names
+    referring to one another (1: none)."""
+
+    size: int
+    depth: int
+    chain: int
+
+
+def cost(exprs: Mapping[str, Node], cap: int = 1 << 62) -> Cost:
+    """The :class:`Cost` of an acyclic set of expressions (sizes saturate at ``cap``)."""
+    memo: dict[str, tuple[int, int, int]] = {}
+    for name in _dependency_order(exprs):
+        memo[name] = _measure(exprs[name], memo, cap)
+    size = min(cap, sum(m[0] for m in memo.values()))
+    return Cost(
+        size,
+        max((m[1] for m in memo.values()), default=0),
+        max((m[2] for m in memo.values()), default=0),
+    )
+
+
+def _measure(
+    root: Node, memo: Mapping[str, tuple[int, int, int]], cap: int
+) -> tuple[int, int, int]:
+    """(size, depth, chain) of one tree, derived names taken from ``memo``; iterative."""
+    out: dict[int, tuple[int, int, int]] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, seen = stack.pop()
+        if isinstance(node, Num):
+            out[id(node)] = (1, 1, 1)
+        elif isinstance(node, Name):
+            size, depth, chain = memo.get(node.name, (0, 0, 0))
+            out[id(node)] = (max(size, 1), depth + 1, chain + 1) if size else (1, 1, 1)
+        elif not seen:
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node))
+        else:
+            parts = [out[id(c)] for c in _children(node)]
+            out[id(node)] = (
+                min(cap, sum(p[0] for p in parts)),
+                1 + max(p[1] for p in parts),
+                max(p[2] for p in parts),
+            )
+    size, depth, chain = out[id(root)]
+    return size, depth, chain
+
+
+def _children(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, Neg):
+        return (node.operand,)
+    if isinstance(node, BinOp):
+        return (node.left, node.right)
+    return ()
+
+
+def _dependency_order(exprs: Mapping[str, Node]) -> list[str]:
+    """Names such that each comes after the derived names it refers to (iterative)."""
+    order: list[str] = []
+    placed: set[str] = set()
+    for start in exprs:
+        stack = [(start, iter(sorted(names(exprs[start]) & exprs.keys())))]
+        while stack:
+            name, refs = stack[-1]
+            ref = next((r for r in refs if r not in placed), None)
+            if ref is None:
+                stack.pop()
+                if name not in placed:
+                    placed.add(name)
+                    order.append(name)
+            elif all(ref != n for n, _ in stack):
+                stack.append((ref, iter(sorted(names(exprs[ref]) & exprs.keys()))))
+    return order

@@ -10,7 +10,7 @@ from enum import StrEnum
 from steptally.client.algebra.errors import SpecError, ValueRejected
 from steptally.client.algebra.exact import MAX_TERMS
 
-NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 
 
 class Kind(StrEnum):
@@ -24,9 +24,9 @@ class Kind(StrEnum):
 
 def check_name(name: object) -> str:
     """Return ``name`` if it is a valid metric name, else raise :class:`SpecError`."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise SpecError(
-            f"metric name {name!r} is invalid: use letters, digits and '_', "
+            f"metric name {name!r:.40} is invalid: use letters, digits and '_', "
             "starting with a letter or '_', at most 128 characters"
         )
     return name

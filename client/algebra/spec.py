@@ -14,6 +14,35 @@ MAX_METRICS = 4096
 
 
 @dataclass(frozen=True)
+class SpecLimits:
+    """How costly a spec's derived expressions may be as a whole (see
+    :class:`~steptally.client.algebra.expression.Cost`): a registration past one is
+    refused; a spec read back from storage is not checked again (its evaluation is
+    bounded anyway)."""
+
+    max_size: int = 10_000
+    max_depth: int = 200
+    max_chain: int = 16
+
+    def check(self, parsed: Mapping[str, expression.Node]) -> None:
+        found = expression.cost(parsed, cap=self.max_size + 1)
+        for what, value, limit, hint in (
+            ("operands (derived names expanded)", found.size, self.max_size, "fewer"),
+            (
+                "levels of nesting (derived names expanded)",
+                found.depth,
+                self.max_depth,
+                "a flatter expression",
+            ),
+            ("derived values in one chain", found.chain, self.max_chain, "a shorter chain"),
+        ):
+            if value > limit:
+                raise ExpressionError(
+                    f"the derived expressions have more than {limit} {what}; use {hint}"
+                )
+
+
+@dataclass(frozen=True)
 class MetricSpec:
     """Kinds of the base metrics, derived expressions over them, and guards.
 
@@ -37,7 +66,9 @@ class MetricSpec:
         metrics: Mapping[str, Any],
         derived: Mapping[str, str] | None = None,
         guards: Mapping[str, str] | None = None,
+        limits: SpecLimits | None = None,
     ) -> MetricSpec:
+        """Validate; with ``limits``, also the cost of the derived expressions as a whole."""
         derived = dict(derived or {})
         kinds = {check_name(name): parse_kind(kind, name) for name, kind in metrics.items()}
         if len(kinds) + len(derived) > MAX_METRICS:
@@ -59,6 +90,8 @@ class MetricSpec:
                     "does not declare; declare it as a metric or fix the expression"
                 )
         _check_acyclic(parsed)
+        if limits is not None:
+            limits.check(parsed)
         guards = dict(guards or {})
         _check_guards(kinds, guards)
         return cls(kinds, {n: t.strip() for n, t in derived.items()}, guards, parsed)
@@ -77,7 +110,7 @@ class MetricSpec:
     def names(self) -> list[str]:
         return [*self.metrics, *self.derived]
 
-    def merged_with(self, new: MetricSpec) -> MetricSpec:
+    def merged_with(self, new: MetricSpec, limits: SpecLimits | None = None) -> MetricSpec:
         """The spec after registering ``new`` over ``self``: new names are added;
         a changed kind or a changed meaning of a derived expression is a conflict."""
         conflicts: list[str] = []
@@ -111,7 +144,7 @@ class MetricSpec:
             **self.derived,
             **{n: t for n, t in new.derived.items() if n not in self.derived},
         }
-        return MetricSpec.build(metrics, derived, {**self.guards, **new.guards})
+        return MetricSpec.build(metrics, derived, {**self.guards, **new.guards}, limits)
 
 
 def _check_guards(kinds: Mapping[str, Kind], guards: Mapping[str, str]) -> None:
@@ -125,18 +158,26 @@ def _check_guards(kinds: Mapping[str, Kind], guards: Mapping[str, str]) -> None:
 
 
 def _check_acyclic(parsed: Mapping[str, expression.Node]) -> None:
+    """Raise on a cycle of derived names (iterative: a chain of any length is fine)."""
     state: dict[str, int] = {}
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2 or name not in parsed:
-            return
-        if state.get(name) == 1:
-            cycle = " -> ".join([*path[path.index(name) :], name])
-            raise ExpressionError(f"derived expressions refer to each other in a cycle: {cycle}")
-        state[name] = 1
-        for ref in sorted(expression.names(parsed[name])):
-            visit(ref, [*path, name])
-        state[name] = 2
-
-    for name in parsed:
-        visit(name, [])
+    refs = {n: sorted(expression.names(node) & parsed.keys()) for n, node in parsed.items()}
+    for start in parsed:
+        if state.get(start) == 2:
+            continue
+        path = [start]
+        todo = [iter(refs[start])]
+        state[start] = 1
+        while todo:
+            ref = next(todo[-1], None)
+            if ref is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(ref) == 1:
+                cycle = " -> ".join([*path[path.index(ref) :], ref])
+                raise ExpressionError(
+                    f"derived expressions refer to each other in a cycle: {cycle}"
+                )
+            elif state.get(ref) is None:
+                state[ref] = 1
+                path.append(ref)
+                todo.append(iter(refs[ref]))

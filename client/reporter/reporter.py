@@ -72,7 +72,7 @@ class Reporter:
         log_every_s: float | None = None,
         options: ReporterOptions | None = None,
     ) -> None:
-        if not isinstance(run, str) or not RUN_NAME.match(run):
+        if not isinstance(run, str) or not RUN_NAME.fullmatch(run):
             raise ValueError(f"run name {run!r} is invalid: use letters, digits, '_', '.', '-'")
         spec = spec if isinstance(spec, MetricSpec) else MetricSpec.from_json(spec)
         identity = resolve_identity(rank, world_size)

@@ -7,7 +7,9 @@ FastAPI's validation errors become 422 ``invalid_payload``, or 400 ``bad_json`` 
 the body is not JSON at all; a database that fails to answer in time (a statement,
 pool or connect timeout, a lost connection) is 503 ``unavailable``. Every 503 carries
 ``Retry-After``, and so does every 429; every 401 carries ``WWW-Authenticate: Bearer``.
-Every error answer is counted in
+A value the database refuses as data is 422 ``invalid_payload``; anything else that
+fails is 500 ``internal`` JSON, never plain text. Messages and wheres are cut short, so
+no answer echoes a whole input. Every error answer is counted in
 ``steptally_requests_rejected_total{code}``.
 """
 
@@ -26,6 +28,17 @@ from steptally.service.api.response import JsonResponse
 from steptally.service.errors import RateLimited, ServiceError, Unauthenticated, Unavailable
 
 RETRY_AFTER_S = 5
+# an answer never carries more than this of a message or a where: no input is echoed whole
+MAX_MESSAGE, MAX_WHERE = 400, 120
+# the code of an HTTP error raised by the framework itself (no route, wrong method, a
+# body it could not read), each in the contract (docs/api-contract.md, Errors)
+HTTP_CODES = {
+    400: "bad_json",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
 # what a database that hangs, restarts or is away raises (psycopg's QueryCanceled, the
 # statement timeout, is an OperationalError, raised bare from its pipeline mode; the
 # pool's timeout is TimeoutError)
@@ -43,6 +56,9 @@ def error_response(
     telemetry = getattr(request.app.state, "telemetry", None)
     if telemetry is not None:
         telemetry.rejected(code)
+    message = message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"
+    if where is not None and len(where) > MAX_WHERE:
+        where = where[: MAX_WHERE - 1] + "…"
     body = {"error": {"code": code, "message": message, "where": where}}
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
     return JsonResponse(body, status_code=status, headers=headers)
@@ -89,8 +105,28 @@ async def _validation_error(request: Request, exc: Exception) -> JsonResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(request, exc.status_code, code, str(exc.detail), None)
+    status = exc.status_code
+    code = HTTP_CODES.get(status, "bad_request" if status < 500 else "internal")
+    message = str(exc.detail)
+    if status == 400:
+        message = "the body could not be read as JSON; send UTF-8 JSON"
+    return error_response(request, status, code, message, None)
+
+
+async def _unstorable(request: Request, exc: Exception) -> JsonResponse:
+    """A value the database refused as data (out of range, NUL in text): a 4xx, since
+    only input can carry one past the checks."""
+    message = (
+        "a value in the request cannot be stored (out of range, or a character the "
+        "database refuses); check the request against docs/api-contract.md"
+    )
+    return error_response(request, 422, "invalid_payload", message, None)
+
+
+async def _internal(request: Request, exc: Exception) -> JsonResponse:
+    """Any other failure: 500 JSON, never plain text (the traceback goes to the log)."""
+    message = "the service failed on this request; it is logged, and retrying may help"
+    return error_response(request, 500, "internal", message, None)
 
 
 def install(app: FastAPI) -> None:
@@ -99,3 +135,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     for kind in DATABASE_AWAY:
         app.add_exception_handler(kind, _database_away)
+    app.add_exception_handler(sql_errors.DataError, _unstorable)
+    app.add_exception_handler(psycopg.DataError, _unstorable)
+    app.add_exception_handler(Exception, _internal)

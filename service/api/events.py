@@ -23,6 +23,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api.deps import ServiceDep
+from steptally.service.api.params import RunName
 from steptally.service.api.schemas import errors
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.events import EventCursor, step_events
@@ -62,7 +63,7 @@ async def _sse(
     responses=errors(404, 422, also={200: {"content": {"text/event-stream": {}}}}),
 )
 async def run_events(
-    run: str,
+    run: RunName,
     service: ServiceDep,
     last_event_id: Annotated[str | None, Query()] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,

@@ -12,8 +12,10 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api.body import decode_content, read_limited
+from steptally.service.api.body import decode_content, inflated_size, read_limited
 from steptally.service.api.deps import ServiceDep, SettingsDep
+from steptally.service.api.limits import BodyBudget
+from steptally.service.api.params import RunName
 from steptally.service.api.response import JsonResponse
 from steptally.service.api.schemas import IngestAnswer, errors
 
@@ -23,10 +25,10 @@ router = APIRouter(prefix="/v1/runs", tags=["fragments"])
 @router.post(
     "/{run}/fragments",
     response_model=IngestAnswer,
-    responses=errors(400, 404, 409, 413, 422),
+    responses=errors(400, 404, 409, 413, 415, 422, 503),
 )
 async def post_fragments(
-    run: str,
+    run: RunName,
     request: Request,
     service: ServiceDep,
     settings: SettingsDep,
@@ -34,11 +36,21 @@ async def post_fragments(
 ) -> JsonResponse:
     arrived = time.perf_counter()
     limit = settings.max_body_bytes
-    raw = await read_limited(request, limit)
-    encoding = request.headers.get("content-encoding")
+    budget: BodyBudget = request.app.state.body_budget
+    declared = request.headers.get("content-length", "")
+    held = min(limit, int(declared)) if declared.isdigit() else limit
+    await budget.acquire(held)  # raw bytes, then inflated ones, each before they are taken
+    try:
+        raw = await read_limited(request, limit)
+        encoding = request.headers.get("content-encoding")
+        inflated = inflated_size(raw, encoding, limit)
+        await budget.acquire(inflated)
+        held += inflated
 
-    def handle() -> JsonResponse:
-        body = decode_content(raw, encoding, limit)
-        return JsonResponse(service.ingest(run, body, arrived, partial))
+        def handle() -> JsonResponse:
+            body = decode_content(raw, encoding, limit, inflated)
+            return JsonResponse(service.ingest(run, body, arrived, partial))
 
-    return await run_in_threadpool(handle)
+        return await run_in_threadpool(handle)
+    finally:
+        budget.release(held)

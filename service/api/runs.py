@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from steptally.service.api.deps import GrantDep, ServiceDep
+from steptally.service.api.deps import GrantDep, ServiceDep, SettingsDep
+from steptally.service.api.params import RunName
 from steptally.service.api.response import JsonResponse
 from steptally.service.api.schemas import RunAnswer, RunPage, errors
+from steptally.service.settings import run_limits
 from steptally.service.usecase.run_registry import RunRequest
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -26,18 +28,28 @@ class RunBody(BaseModel):
     metrics: dict[str, Any]
     derived: dict[str, str] = Field(default_factory=dict)
     guards: dict[str, str] = Field(default_factory=dict)
-    step_timeout_s: float | None = None
+    step_timeout_s: float | None = Field(default=None, allow_inf_nan=False)
 
 
 @router.post(
     "",
     response_model=RunAnswer,
     status_code=201,
-    responses=errors(400, 409, 422, also={200: {"model": RunAnswer, "description": _AGAIN}}),
+    responses=errors(
+        400, 409, 413, 415, 422, also={200: {"model": RunAnswer, "description": _AGAIN}}
+    ),
 )
-def register_run(body: RunBody, service: ServiceDep, grant: GrantDep) -> JsonResponse:
+def register_run(
+    body: RunBody, service: ServiceDep, grant: GrantDep, settings: SettingsDep
+) -> JsonResponse:
     request = RunRequest(
-        body.name, body.world_size, body.metrics, body.derived, body.step_timeout_s, body.guards
+        body.name,
+        body.world_size,
+        body.metrics,
+        body.derived,
+        body.step_timeout_s,
+        body.guards,
+        run_limits(settings),
     )
     run, created = service.register_run(request, grant)
     return JsonResponse(run, status_code=201 if created else 200)
@@ -49,5 +61,5 @@ def list_runs(service: ServiceDep, limit: int = 100, cursor: str | None = None) 
 
 
 @router.get("/{run}", response_model=RunAnswer, responses=errors(404, 422))
-def get_run(run: str, service: ServiceDep) -> JsonResponse:
+def get_run(run: RunName, service: ServiceDep) -> JsonResponse:
     return JsonResponse(service.get_run(run))

@@ -80,7 +80,8 @@ class StepAnswer(_Answer):
     revision: int = Field(description="0 while open, +1 at each finalisation")
     world_size: int
     ranks_committed: list[int]
-    ranks_missing: list[int]
+    ranks_missing: list[int] = Field(description="the lowest missing ranks, at most 1000")
+    ranks_missing_count: int = Field(description="how many ranks are missing in all")
     ranks_late: list[int] = Field(description="committed only after a partial finalisation")
     fragments: FragmentCounts
     missing_fragments: dict[str, int]
@@ -144,8 +145,9 @@ def errors(*statuses: int, also: ResponseDocs | None = None) -> ResponseDocs:
         404: "no such run or step",
         409: "conflicts with what is stored",
         413: "the body is too large",
+        415: "the body is not JSON (Content-Type)",
         422: "invalid parameters or payload",
-        503: "the database does not answer",
+        503: "the database does not answer, or the service is busy: retry after Retry-After",
     }
     out: ResponseDocs = {s: {"model": ErrorAnswer, "description": described[s]} for s in statuses}
     return {**out, **(also or {})}

@@ -7,23 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from steptally.service.api.deps import ServiceDep
+from steptally.service.api.params import RunName, StepBound, StepNumber
 from steptally.service.api.response import JsonResponse
 from steptally.service.api.schemas import SeriesAnswer, StepAnswer, StepPage, errors
 from steptally.service.usecase.query import MAX_POINTS, MIN_POINTS
 
 router = APIRouter(prefix="/v1/runs", tags=["steps"])
 
-StepBound = Annotated[int | None, Query(ge=0)]
-
 
 @router.get("/{run}/steps/{step}", response_model=StepAnswer, responses=errors(404, 422))
-def get_step(run: str, step: int, service: ServiceDep) -> JsonResponse:
+def get_step(run: RunName, step: StepNumber, service: ServiceDep) -> JsonResponse:
     return JsonResponse(service.get_step(run, step))
 
 
 @router.get("/{run}/steps", response_model=StepPage, responses=errors(404, 422))
 def list_steps(
-    run: str,
+    run: RunName,
     service: ServiceDep,
     start: StepBound = None,
     end: StepBound = None,
@@ -37,7 +36,7 @@ def list_steps(
 
 @router.get("/{run}/series/{metric}", response_model=SeriesAnswer, responses=errors(404, 422))
 def series(
-    run: str,
+    run: RunName,
     metric: str,
     service: ServiceDep,
     start: StepBound = None,

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 from steptally.service.api.deps import ServiceDep
 from steptally.service.dashboard.assets import mount_assets
 from steptally.service.dashboard.page import missing_run_page, run_page, runs_page
+from steptally.service.domain.run import is_run_name
 from steptally.service.errors import UnknownRun
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
@@ -32,6 +33,8 @@ def run_view(run: str, service: ServiceDep, request: Request) -> HTMLResponse:
     if request.app.state.settings.auth:
         return HTMLResponse(run_page(run), headers=PAGE_CACHE)
     try:
+        if not is_run_name(run):  # never a database lookup of a name no run can have
+            raise UnknownRun("not a run name")
         service.runs.get(run)  # the known runs, not the run's summary (a count of its steps)
     except UnknownRun:
         return HTMLResponse(missing_run_page(run), status_code=404, headers=PAGE_CACHE)

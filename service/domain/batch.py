@@ -13,7 +13,6 @@ store refused, named by the ``where`` of the store's error.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from steptally.service.errors import (
 )
 
 FragmentKey = tuple[int, int, int]
+_COUNT_BOUND = float(2**63)  # a count value, like every integer, is below 2**63
 CommitKey = tuple[int, int]
 _ITEM = re.compile(r"^(fragments|columnar\.step|commits)\[(\d+)\]")
 # a wrong item: ("row", fragment index in the body) or ("commit", commit index)
@@ -195,7 +195,7 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Itera
         column = batch.values[j::m]
         mask = None if batch.present is None else batch.present[j::m]
         for i, v in enumerate(column):
-            if (mask is None or mask[i]) and not (0 <= v < math.inf and v.is_integer()):
+            if (mask is None or mask[i]) and not (0 <= v < _COUNT_BOUND and v.is_integer()):
                 where = (
                     f"columnar.values[{i * m + j}]"
                     if columnar
@@ -205,8 +205,8 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Itera
                     "row",
                     i,
                     InvalidValue(
-                        f"metric {name!r} is a count, so its value must be a non-negative "
-                        f"integer, not {v!r}",
+                        f"metric {name!r} is a count, so its value must be an integer "
+                        f"from 0 to 2**63 - 1, not {v!r}",
                         where,
                     ),
                 )

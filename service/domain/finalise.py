@@ -33,6 +33,11 @@ class StepResult:
     received: int
     expected: int | None
     ranks_late: list[int] = field(default_factory=list)  # committed after a partial finalisation
+    missing_count: int | None = None  # all missing ranks (ranks_missing lists the first ones)
+
+    @property
+    def ranks_missing_count(self) -> int:
+        return len(self.ranks_missing) if self.missing_count is None else self.missing_count
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +49,7 @@ class StepResult:
             "received": self.received,
             "expected": self.expected,
             "ranks_late": self.ranks_late,
+            "ranks_missing_count": self.ranks_missing_count,
         }
 
     @classmethod
@@ -57,6 +63,7 @@ class StepResult:
             int(data["received"]),
             data["expected"],
             list(data.get("ranks_late", ())),
+            data.get("ranks_missing_count"),
         )
 
 
@@ -90,6 +97,7 @@ def evaluate(
         metrics={name: metric_json(r) for name, r in report.items()},
         ranks_committed=progress.ranks_committed(),
         ranks_missing=progress.ranks_missing(),
+        missing_count=progress.ranks_missing_count(),
         missing_fragments=progress.missing_fragments(),
         received=progress.received_total(),
         expected=progress.expected(),

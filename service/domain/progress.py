@@ -1,10 +1,16 @@
-"""How far a step is: which ranks committed how many fragments, and what arrived."""
+"""How far a step is: which ranks committed how many fragments, and what arrived.
+
+Nothing here takes time or memory per rank that has not reported: the missing ranks
+are counted from the committed ones, and listed only up to ``MAX_LISTED_RANKS``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+
+MAX_LISTED_RANKS = 1000  # a step's ranks_missing lists at most these; ranks_missing_count all
 
 
 class StepStatus(StrEnum):
@@ -24,8 +30,18 @@ class Progress:
     def ranks_committed(self) -> list[int]:
         return sorted(self.commits)
 
-    def ranks_missing(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.commits]
+    def ranks_missing(self, limit: int = MAX_LISTED_RANKS) -> list[int]:
+        """The lowest ``limit`` ranks that have not committed, in order."""
+        out: list[int] = []
+        rank = 0
+        while len(out) < limit and rank < self.world_size:  # at most limit + committed turns
+            if rank not in self.commits:
+                out.append(rank)
+            rank += 1
+        return out
+
+    def ranks_missing_count(self) -> int:
+        return self.world_size - sum(1 for r in self.commits if 0 <= r < self.world_size)
 
     def missing_fragments(self) -> dict[int, int]:
         """Committed ranks whose declared fragments have not all arrived, with the shortfall."""

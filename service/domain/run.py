@@ -9,7 +9,7 @@ from functools import cached_property
 
 from steptally.client.algebra import MetricSpec
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -42,4 +42,4 @@ class RunRecord:
 
 
 def is_run_name(name: str) -> bool:
-    return RUN_NAME.match(name) is not None
+    return isinstance(name, str) and RUN_NAME.fullmatch(name) is not None

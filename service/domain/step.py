@@ -213,7 +213,7 @@ def finalise(
     state.revision += 1
     state.finalised_at = now
     state.result = orjson.dumps(result.to_json()).decode()
-    state.missing_ranks = len(result.ranks_missing)
+    state.missing_ranks = result.ranks_missing_count
     state.values = evaluation.stored_values(run, result)
     state.changed = True
     return result

@@ -7,12 +7,14 @@ holds finalised steps only, read from their stored per-metric values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from steptally.client.wire import encode_number
 from steptally.service.domain.finalise import StepResult, ValueState, evaluate
+from steptally.service.domain.limits import MAX_INT, brief
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, is_run_name
 from steptally.service.errors import InvalidPayload, UnknownMetric, UnknownRun, UnknownStep
@@ -22,6 +24,7 @@ MAX_PAGE = 1000
 MAX_SERIES = 100_000  # a series without ``points`` is downsampled past this many steps
 MIN_POINTS, MAX_POINTS = 2, 10_000
 _NO_COLUMN = -(2**31)
+_STEP_CURSOR = re.compile(r"[0-9]{1,19}")
 
 
 def timestamp(t: float | None) -> str | None:
@@ -45,7 +48,7 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
 def get_run(store: Store, name: str) -> dict[str, Any]:
     summary = store.run_summary(name)
     if summary is None:
-        raise UnknownRun(f"no run is named {name!r}; GET /v1/runs lists the runs")
+        raise UnknownRun(f"no run is named {brief(name)}; GET /v1/runs lists the runs")
     return run_json(summary)
 
 
@@ -93,6 +96,7 @@ def step_json(
         "world_size": run.world_size,
         "ranks_committed": result.ranks_committed,
         "ranks_missing": result.ranks_missing,
+        "ranks_missing_count": result.ranks_missing_count,
         "ranks_late": result.ranks_late,
         "fragments": {"received": result.received, "expected": result.expected},
         "missing_fragments": {str(r): n for r, n in result.missing_fragments.items()},
@@ -113,7 +117,7 @@ def _check_metrics(run: RunRecord, metrics: Sequence[str], where: str) -> None:
     known = set(run.spec.names())
     for name in metrics:
         if name not in known:
-            raise UnknownMetric(f"run {run.name!r} has no metric {name!r}", where)
+            raise UnknownMetric(f"run {run.name!r} has no metric {brief(name)}", where)
 
 
 def list_steps(
@@ -129,7 +133,7 @@ def list_steps(
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidPayload(f"limit must be from 1 to {MAX_PAGE}", "limit")
     if cursor is not None:
-        if not cursor.isdigit():
+        if not _STEP_CURSOR.fullmatch(cursor) or int(cursor) >= MAX_INT:
             raise InvalidPayload("cursor must be a next_cursor from an earlier page", "cursor")
         start = max(start or 0, int(cursor) + 1)
     records = store.list_steps(run, start, end, limit)

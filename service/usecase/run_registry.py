@@ -16,6 +16,7 @@ from typing import Any
 
 from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
 from steptally.service.auth.grant import Grant
+from steptally.service.domain.limits import RunLimits, brief
 from steptally.service.domain.run import RunRecord, is_run_name
 from steptally.service.errors import InvalidSpec, SpecConflictError, UnknownRun
 from steptally.service.store.base import RunDraft, Store
@@ -29,6 +30,7 @@ class RunRequest:
     derived: Mapping[str, str]
     step_timeout_s: float | None = None
     guards: Mapping[str, str] = field(default_factory=dict)
+    limits: RunLimits = field(default_factory=RunLimits)
 
 
 def register(
@@ -42,16 +44,15 @@ def register(
     grant.check_name(request.name)
     if not is_run_name(request.name):
         raise InvalidSpec(
-            f"run name {request.name!r} is invalid: use letters, digits, '_', '.' and '-', "
+            f"run name {brief(request.name)} is invalid: use letters, digits, '_', '.' and '-', "
             "starting with a letter or digit, at most 128 characters",
             "name",
         )
-    if request.world_size < 1:
-        raise InvalidSpec("world_size must be at least 1", "world_size")
-    if request.step_timeout_s is not None and not request.step_timeout_s > 0:
-        raise InvalidSpec("step_timeout_s must be a positive number of seconds", "step_timeout_s")
+    request.limits.check(request.world_size, request.step_timeout_s)
     try:
-        spec = MetricSpec.build(request.metrics, request.derived, request.guards)
+        spec = MetricSpec.build(
+            request.metrics, request.derived, request.guards, request.limits.spec
+        )
     except SpecError as exc:
         raise InvalidSpec(str(exc), "metrics") from None
 
@@ -94,7 +95,7 @@ def _merge(existing: RunRecord, request: RunRequest, spec: MetricSpec) -> Metric
         )
     merged = existing.spec
     try:
-        merged = existing.spec.merged_with(spec)
+        merged = existing.spec.merged_with(spec, request.limits.spec)
     except SpecConflict as exc:
         conflicts.extend(exc.conflicts)
     except SpecError as exc:
@@ -124,7 +125,9 @@ class RunDirectory:
         if run is None:
             run = self._store.get_run(name)
             if run is None:
-                raise UnknownRun(f"no run is named {name!r}; register it with POST /v1/runs first")
+                raise UnknownRun(
+                    f"no run is named {brief(name)}; register it with POST /v1/runs first"
+                )
             self.put(run)
         return run
 

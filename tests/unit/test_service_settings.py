@@ -35,7 +35,7 @@ def test_environment_prefix_and_sqlite_folder(
     settings = Settings()
     assert settings.port == 9001
     assert folder.is_dir()
-    assert settings.max_body_bytes == 64 * 1024 * 1024
+    assert settings.max_body_bytes == 8 * 1024 * 1024
     assert (settings.sweep_interval_s, settings.default_step_timeout_s) == (1.0, 300.0)
 
 
