@@ -49,12 +49,19 @@ class SqlStore:
     """:class:`~steptally.service.store.base.Store` over one SQLAlchemy engine."""
 
     def __init__(
-        self, engine: Engine, group_max_batches: int = 64, group_max_bytes: int = 16 << 20
+        self,
+        engine: Engine,
+        group_max_batches: int | None = None,
+        group_max_bytes: int = 16 << 20,
     ) -> None:
+        """``group_max_batches`` None picks the database's default (64 on SQLite, 1 — no
+        grouping — on PostgreSQL)."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
         self._writers = self.dialect.writer_lock()
+        if group_max_batches is None:
+            group_max_batches = self.dialect.default_group
         self._group = (
             GroupCommit(self._ingest_group, group_max_batches, group_max_bytes)
             if group_max_batches > 1
@@ -69,12 +76,8 @@ class SqlStore:
         group_max_bytes: int = 16 << 20,
         limits: DatabaseLimits | None = None,
     ) -> SqlStore:
-        """A store over ``url``; ``group_max_batches`` None picks the database's default
-        (64 on SQLite, 1 — no grouping — on PostgreSQL)."""
-        engine = make_engine(url, limits)
-        if group_max_batches is None:
-            group_max_batches = dialect_for(engine).default_group
-        store = cls(engine, group_max_batches, group_max_bytes)
+        """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``."""
+        store = cls(make_engine(url, limits), group_max_batches, group_max_bytes)
         store.url = url
         return store
 
