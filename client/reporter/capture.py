@@ -27,6 +27,8 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Mapping
+from operator import attrgetter, countOf
+from types import MappingProxyType
 from typing import Any
 
 from steptally.client.algebra import Kind
@@ -46,7 +48,6 @@ class Entry:
         values: list[float],
         staged: Staged | None = None,
         counts: list[int] | None = None,
-        tails: Tails | None = None,
     ) -> None:
         self.step = step
         self.seq = -1
@@ -54,14 +55,18 @@ class Entry:
         self.values = values
         self.staged = staged
         self.counts = counts  # indices of count metrics whose value is still on the device
-        self.tails: Tails = tails if tails is not None else {}  # index → further terms
+        self.tails: Mapping[int, tuple[float, ...]] = _NO_TAILS  # index → further terms
 
     def resolve(self) -> str | None:
         """Wait for device values (off the training thread); a reason if one is invalid."""
         if self.staged is None:
             return None
         changed = self.staged.read_held(self.values, self.names)
-        self.staged.wait(self.values, self.tails)
+        if self.staged.parts:
+            tails: Tails = {}
+            self.staged.wait(self.values, tails)
+            if tails:
+                self.tails = tails
         self.staged = None
         if changed is not None:
             return changed
@@ -87,11 +92,14 @@ def check_step(step: object) -> int:
     return step
 
 
-_FLOATS = {float}
+_NO_TAILS: Mapping[int, tuple[float, ...]] = MappingProxyType({})
+_version = attrgetter("_version")
 
 
 class Capture:
-    """``capture`` for one spec, with a fast path for the common case: a dict of floats."""
+    """``capture`` for one spec, with fast paths for the common cases: a dict of floats,
+    and a dict of one-element host tensors of sums, minima and maxima. Their checks run
+    at C speed (``map`` over the values), and nothing that reads a tensor's value."""
 
     def __init__(self, kinds: Mapping[str, Kind]) -> None:
         self.kinds = dict(kinds)
@@ -101,12 +109,65 @@ class Capture:
     def __call__(self, step: int, fragments: Mapping[str, object]) -> Entry:
         if type(fragments) is dict and fragments and fragments.keys() <= self.names:
             values = list(fragments.values())
-            if set(map(type, values)) == _FLOATS:  # all checks at C speed
+            n = len(values)
+            if countOf(map(type, values), float) == n:
                 for name in self.counts.intersection(fragments) if self.counts else ():
                     if not _is_count(fragments[name]):
                         raise FragmentError(_count_message(name, fragments[name]))
                 return Entry(step, tuple(fragments), values)
+            if not self.counts or self.counts.isdisjoint(fragments):
+                entry = _held_tensors(step, fragments, values)
+                if entry is not None:
+                    return entry
         return capture(step, fragments, self.kinds)
+
+
+def _held_tensors(step: int, fragments: Mapping[str, object], values: list[Any]) -> Entry | None:
+    """An entry that holds ``values``, all one-element real host tensors; None when
+    they are not (the general path says what is wrong, or stages device values)."""
+    reads = _TensorReads.get()
+    n = len(values)
+    if (
+        reads is None
+        or countOf(map(type, values), reads.tensor) != n
+        or countOf(map(reads.numel, values), 1) != n
+        or countOf(map(reads.is_cpu, values), True) != n
+        or not set(map(reads.dtype, values)) <= reads.real
+    ):
+        return None
+    held = Staged([], values, range(len(values)), list(map(_version, values)))
+    return Entry(step, tuple(fragments), [0.0] * len(values), held)
+
+
+_REAL = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8")
+
+
+class _TensorReads:
+    """torch's attribute reads for the fast path, found once torch is imported."""
+
+    found: _TensorReads | None = None
+
+    def __init__(self, torch: Any) -> None:
+        self.tensor = torch.Tensor
+        self.numel = torch.Tensor.numel
+        self.is_cpu = attrgetter("is_cpu")
+        self.dtype = attrgetter("dtype")
+        self.real = frozenset(getattr(torch, name) for name in _REAL if hasattr(torch, name))
+
+    @classmethod
+    def get(cls) -> _TensorReads | None:
+        """The reads, or None while torch is not imported."""
+        reads = cls.found
+        if reads is None:
+            torch = sys.modules.get("torch")
+            if torch is None:
+                return None
+            reads = cls.found = cls(torch)
+        return reads
+
+
+def _versions(held: list[Any]) -> list[int]:
+    return list(map(_version, held))
 
 
 def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind]) -> Entry:
@@ -118,8 +179,8 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
     names = tuple(fragments)
     values: list[float] = []
     device: list[int] = []
-    held: list[tuple[int, Any, int]] = []
-    tails: Tails = {}
+    held: list[Any] = []
+    at: list[int] = []
     tensor = getattr(sys.modules.get("torch"), "Tensor", None)
     for name, v in fragments.items():
         kind = kinds.get(name)
@@ -136,7 +197,8 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
             continue
         elif t is tensor and not v.is_cuda and kind is not Kind.COUNT:  # type: ignore[attr-defined]
             _check_host_scalar(name, v)
-            held.append((len(values), v, v._version))  # type: ignore[attr-defined]
+            at.append(len(values))
+            held.append(v)
             values.append(0.0)
             continue
         elif t is tensor and not v.is_cuda:  # type: ignore[attr-defined]
@@ -153,12 +215,12 @@ def capture(step: int, fragments: Mapping[str, object], kinds: Mapping[str, Kind
         values.append(x)
     if not device:
         if not held:
-            return Entry(step, names, values, tails=tails)
-        return Entry(step, names, values, Staged([], held), None, tails)
+            return Entry(step, names, values)
+        return Entry(step, names, values, Staged([], held, at, _versions(held)))
     counts = [i for i in device if kinds[names[i]] is Kind.COUNT]
     staged = stage([fragments[names[i]] for i in device], device)
-    staged.held = held
-    return Entry(step, names, values, staged, counts, tails)
+    staged.held, staged.at, staged.versions = held, at, _versions(held)
+    return Entry(step, names, values, staged, counts)
 
 
 def _check_host_scalar(name: str, v: Any) -> None:

@@ -6,6 +6,7 @@ and :meth:`Staged.read_held`."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from steptally.client.algebra.exact import expansion_of
@@ -14,23 +15,27 @@ Tails = dict[int, tuple[float, ...]]
 
 
 class Staged:
-    """Device values on their way to pinned host memory: one copy and event per device."""
+    """Device values on their way to pinned host memory (one copy and event per
+    device), and held host tensors: ``held[k]`` is the value at index ``at[k]``, and
+    was at version ``versions[k]`` when it was logged."""
 
-    __slots__ = ("held", "parts")
+    __slots__ = ("at", "held", "parts", "versions")
 
     def __init__(
         self,
         parts: list[tuple[list[int], list[int], Any, Any, Any]],
-        held: list[tuple[int, Any, int]] | None = None,
+        held: Sequence[Any] = (),
+        at: Sequence[int] = (),
+        versions: Sequence[int] = (),
     ) -> None:
         # (indices, sizes, pinned host tensor, event, device source kept alive)
         self.parts = parts
-        self.held = held or []  # (index, host tensor, its _version at log())
+        self.held, self.at, self.versions = held, at, versions
 
     def read_held(self, values: list[float], names: tuple[str, ...]) -> str | None:
         """Read the held host tensors; a reason if one changed since ``log()``."""
         reason = None
-        for i, t, version in self.held:
+        for i, t, version in zip(self.at, self.held, self.versions, strict=True):
             x = t.item()
             values[i] = float(x)
             if t._version != version and reason is None:
@@ -38,7 +43,7 @@ class Staged:
                     f"metric {names[i]!r}: the tensor was changed in place after log(); "
                     "log a fresh tensor (or .clone() it)"
                 )
-        self.held = []
+        self.held = self.at = self.versions = ()
         return reason
 
     def wait(self, values: list[float], tails: Tails) -> None:

@@ -272,3 +272,31 @@ def test_a_cpu_tensor_is_read_off_thread_and_refused_if_changed_in_place() -> No
         capture(2, {"a": torch.tensor(True)})
     with pytest.raises(FragmentError, match="exactly one element"):
         capture(2, {"m": torch.tensor([[1.0, 2.0]])})
+
+
+def test_a_dict_of_host_tensors_is_checked_at_once_and_read_exactly_off_thread() -> None:
+    from steptally.client.algebra import Kind
+    from steptally.client.reporter.capture import Capture
+
+    capture = Capture({"a": Kind.SUM, "b": Kind.MIN, "c": Kind.MAX, "d": Kind.SUM})
+    x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True) * 3
+    f32 = torch.tensor(0.1, dtype=torch.float32)
+    big = torch.tensor(2**60 + 1)
+    entry = capture(0, {"a": x, "b": f32, "c": torch.tensor([[7]]), "d": big})
+    assert entry.values == [0.0, 0.0, 0.0, 0.0]  # nothing read on the calling thread
+    assert entry.staged is not None and list(entry.staged.held)[1] is f32
+    assert entry.resolve() is None
+    assert entry.values == [0.30000000000000004, 0.10000000149011612, 7.0, 2.0**60]
+    assert [v.hex() for v in entry.values] == [
+        x.item().hex(),
+        f32.item().hex(),
+        (7.0).hex(),
+        float(2**60 + 1).hex(),
+    ]
+    for bad, words in [
+        (torch.tensor(1 + 2j), "complex64 tensor is not a real number"),
+        (torch.tensor(True), "torch.bool tensor is not a real number"),
+        (torch.tensor([[1.0, 2.0]]), "exactly one element"),
+    ]:
+        with pytest.raises(FragmentError, match=words):
+            capture(1, {"a": torch.tensor(1.0), "c": bad})
