@@ -58,7 +58,8 @@ def create_app(
     store = store if store is not None else open_store(settings)
     registry = CollectorRegistry(auto_describe=True)
     telemetry = Telemetry(registry)
-    registry.register(RunValueCollector(store.exposition_snapshot))
+    window_s = settings.metrics_window_s  # /metrics: the runs active within it
+    registry.register(RunValueCollector(store.exposition_snapshot, window_s, clock))
     hub = EventHub()
     fanout = None
     if settings.redis_url is not None:

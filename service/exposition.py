@@ -12,11 +12,14 @@ run and the backlog of open and partial steps) and yields:
   ``steptally_missing_ranks{run}`` (summed over the partial steps);
 * ``steptally_world_size{run}``.
 
-No step label: a step number is a value, not a series.
+No step label: a step number is a value, not a series. With ``window_s``, only the
+runs active within it are shown (registered or finalised a step since, or with open
+steps), so the exposition stays bounded however many runs the database holds.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -47,14 +50,28 @@ _PER_RUN: tuple[tuple[str, str, Callable[[RunSnapshot], float | None]], ...] = (
 class RunValueCollector(Collector):
     """Yields the latest value of every run and metric from ``snapshot()``."""
 
-    def __init__(self, snapshot: Callable[[], Sequence[RunSnapshot]]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], Sequence[RunSnapshot]],
+        window_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._snapshot = snapshot
+        self._window_s = window_s
+        self._clock = clock
+
+    def _runs(self) -> list[RunSnapshot]:
+        runs = list(self._snapshot())
+        if self._window_s is None:
+            return runs
+        since = self._clock() - self._window_s
+        return [r for r in runs if r.open_steps or r.active_at >= since]
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing known before the first scrape; never query at registration
 
     def collect(self) -> Iterable[Metric]:
-        runs = self._snapshot()
+        runs = self._runs()
         values = GaugeMetricFamily(
             "steptally_metric_value",
             "Latest finalised value of a run's metric or derived value.",

@@ -112,6 +112,8 @@ class RunSnapshot:
     open_steps: int
     partial_steps: int
     missing_ranks: int  # summed over the partial steps
+    # when the run was registered or last finalised a step, whichever is later
+    active_at: float = field(default=0.0, compare=False)
 
 
 Decide = Callable[[RunRecord | None], RunDraft]

@@ -116,7 +116,14 @@ def snapshot(conn: Connection, runs: list[RunRecord]) -> list[RunSnapshot]:
             tuple_(STEPS.c.run_id, STEPS.c.step).in_(keys)
         )
         rows = {r.run_id: r for r in conn.execute(stmt)}
-    return [_snapshot(run, last[run.id], rows.get(run.id), counts.get(run.id, {})) for run in runs]
+    last_at = _last_finalised_at(conn, [run.id for run in runs]) if runs else {}
+    return [
+        replace(
+            _snapshot(run, last[run.id], rows.get(run.id), counts.get(run.id, {})),
+            active_at=max(run.created_at, last_at.get(run.id, 0.0)),
+        )
+        for run in runs
+    ]
 
 
 def _snapshot(
