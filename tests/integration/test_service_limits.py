@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.integration.conftest import Api, AppFactory, Clock
+from .conftest import Api, AppFactory, Clock
 
 BIG = 2**63
 SPEC = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}, "step_timeout_s": 60}
