@@ -11,9 +11,11 @@ holder stalled past its lease can never finalise a revision twice.
 
 PostgreSQL stays the source of truth. Nothing here is the only copy of anything:
 
-* the schedule is marked *built* by one key. A Redis restarted without its data (or
-  wiped) has no such key; the next sweep finds it missing and rebuilds the schedule
-  from the database's open steps before it reads the due ones;
+* the schedule is marked *built* by one key. A Redis wiped (or restarted without its
+  data) has no such key; the next sweep finds it missing and rebuilds the schedule
+  from the database's open steps before it reads the due ones. A Redis restarted
+  *with* its append-only file may still have lost its last writes (``appendfsync
+  everysec``): every sweep reads the server's ``run_id``, and a new one rebuilds too;
 * a member whose step is no longer open (finalised by a completing batch, or by
   another replica) is removed when it comes due;
 * Redis unreachable: the sweeper falls back to the database's own index of open
@@ -157,6 +159,11 @@ class DeadlineSchedule:
         count += len(chunk)
         self._redis.set(self._keys.deadlines_built, self.replica)
         return count
+
+    def server_id(self) -> str:
+        """The Redis server's ``run_id``: new at every start of the server."""
+        info = self._redis.info("server")
+        return str(info["run_id"])
 
     def ping(self) -> None:
         self._redis.ping()

@@ -15,7 +15,9 @@ delegates every read and write to the SQL store it wraps, and keeps the shared
 * with Redis unreachable, ``sweep`` falls back to the SQL store's scan of open steps
   by deadline (an index) and ``ingest`` stops talking to Redis (it never waits on a
   Redis that is away); once a sweep reaches Redis again, it rebuilds the schedule
-  from the database's open steps, and so does the first sweep after a wipe.
+  from the database's open steps, and so does the first sweep after a wipe or a
+  restart of Redis (a new server ``run_id``: an append-only file synced every second
+  may have lost the last second of schedule writes).
 
 So wiping Redis loses nothing, and no step is finalised twice: the database's row
 lock and status check are the fence (see :mod:`.schedule`).
@@ -70,6 +72,7 @@ class CoordinatedStore:
         self.sql = sql
         self.schedule = schedule
         self._redis_ok = True
+        self._server: str | None = None  # the Redis run_id the schedule was checked on
 
     # every Store method but ingest, sweep and close is the SQL store's own
 
@@ -126,7 +129,9 @@ class CoordinatedStore:
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
         try:
-            if not self._redis_ok or not self.schedule.is_built():
+            server = self.schedule.server_id()
+            restarted, self._server = server != self._server, server
+            if restarted or not self._redis_ok or not self.schedule.is_built():
                 # after a wipe, or steps opened while Redis was away: schedule them all.
                 # Ingest talks to Redis again *before* the database is read, so a step
                 # committed meanwhile is either in that read or scheduled by its ingest
