@@ -1,0 +1,21 @@
+"""Every Python package of the source tree is in pyproject's package list, so a
+non-editable install (the Docker image) carries all of it."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for name, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
+    assert listed - found == set(), "these listed packages have no folder"
