@@ -1,6 +1,6 @@
 """A watchdog: ``/healthz`` of a real ``steptally serve`` answers within 2 s while the
 costliest spec the limits accept is evaluated and the largest body they accept is
-ingested, several at once."""
+ingested, several at once; and the memory that takes stays bounded."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def _largest_body(limit: int) -> bytes:
     return gzip.compress(raw, 1)
 
 
+def _peak_rss_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
 def test_healthz_answers_within_2_s_under_the_costliest_accepted_work(
     serve: Callable[..., ServedService], tmp_path: Path
 ) -> None:
@@ -84,6 +91,9 @@ def test_healthz_answers_within_2_s_under_the_costliest_accepted_work(
         time.sleep(0.1)
     assert len(waits) >= 5 and max(waits) < 2.0, (len(waits), max(waits))
     assert sorted(a.status_code for a in answers) == [200] * 4, [a.text for a in answers]
+    assert service.proc is not None
+    peak = _peak_rss_mib(service.proc.pid)
+    assert peak < 1024  # 3.3 GB when bodies were unbounded
     finalised = [a.json()["finalised"] for a in answers]
     assert all(len(f) == STEPS for f in finalised)
     step = httpx.get(f"{service.url}/v1/runs/costly/steps/0", timeout=30).json()
