@@ -372,3 +372,21 @@ def test_metrics_shows_the_runs_active_within_the_window(
     assert 'steptally_metric_value{metric="a",run="old"}' not in text
     assert 'steptally_world_size{run="new"} 3.0' in text
     assert 'steptally_open_steps{run="stuck"} 1.0' in text  # open steps keep a run shown
+
+
+def test_a_50_mb_batch_is_refused_before_it_is_read(api: Api) -> None:
+    assert api.register().status_code == 201
+    body = b'{"fragments": [' + b" " * 50_000_000 + b"]}"
+    started = time.perf_counter()
+    error = _error(
+        api.client.post(
+            "/v1/runs/r/fragments", content=body, headers={"content-type": "application/json"}
+        ),
+        413,
+        "too_large",
+    )
+    assert time.perf_counter() - started < 2.0
+    assert error["message"] == (
+        "the body is larger than the limit of 8388608 bytes for this route "
+        "(STEPTALLY_MAX_BODY_BYTES)"
+    )
