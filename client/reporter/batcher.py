@@ -1,12 +1,16 @@
-"""Cutting the queue's entries and commits into batches by count, bytes and time."""
+"""Cutting the queue's entries and commits into batches by count, bytes and time.
+
+The batcher only cuts; :func:`~.parcel.encode` turns a batch into the body that is
+posted.
+"""
 
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 from steptally.client.reporter.capture import Entry
 from steptally.client.reporter.options import ReporterOptions
-from steptally.client.reporter.parcel import Parcel, encode
 from steptally.client.wire import Commit, FragmentBatch
 
 ENTRY_OVERHEAD = 32  # bytes of a fragment besides its values: step, rank, seq, mask
@@ -15,6 +19,13 @@ ENTRY_OVERHEAD = 32  # bytes of a fragment besides its values: step, rank, seq, 
 def entry_bytes(entry: Entry) -> int:
     tails = sum(map(len, entry.tails.values())) if entry.tails else 0
     return 8 * (len(entry.values) + tails) + ENTRY_OVERHEAD
+
+
+class Cut(NamedTuple):
+    """A batch, and how many queue items (log() and commit() calls) it settles."""
+
+    batch: FragmentBatch
+    items: int
 
 
 class Batcher:
@@ -66,17 +77,17 @@ class Batcher:
             or now >= self.started + o.flush_interval_s
         )
 
-    def cut(self) -> Parcel | None:
-        """The accumulated batch, encoded; None when nothing was accumulated."""
+    def cut(self) -> Cut | None:
+        """The accumulated batch; None when nothing was accumulated."""
         if not self.items:
             return None
         batch = to_batch(self.rank, self.entries)
         batch.commits = self.commits
-        parcel = encode(batch, self.options.gzip_min_bytes, self.items)
+        cut = Cut(batch, self.items)
         self.entries, self.commits = [], []
         self.items = self.nbytes = 0
         self.started = None
-        return parcel
+        return cut
 
 
 def to_batch(rank: int, entries: list[Entry]) -> FragmentBatch:

@@ -63,7 +63,7 @@ class Outbox:
     def in_memory_fragments(self) -> int:
         """Fragments of parcels held only in memory (lost if the process ends now)."""
         with self._ready:
-            return sum(p.fragments for p in self._parcels if p.path is None and p.body)
+            return sum(p.fragments for p in self._parcels if p.in_memory)
 
     def __len__(self) -> int:
         return len(self._parcels)
@@ -101,7 +101,6 @@ class Outbox:
         except OSError:
             return False
         if written:
-            parcel.body = None
             self._on_disk += 1
         return written
 
@@ -111,11 +110,9 @@ class Outbox:
         with self._ready:
             self._spilling = True
             for parcel in self._parcels:
-                if parcel.path is None and parcel.body is not None:
-                    body = parcel.body
-                    if self._to_spool(parcel):
-                        self._memory_bytes -= len(body)
-                        moved.append(parcel)
+                if parcel.in_memory and self._to_spool(parcel):
+                    self._memory_bytes -= parcel.size
+                    moved.append(parcel)
         return moved
 
     def head(self, timeout: float) -> tuple[Parcel, bytes | None] | None:
@@ -140,11 +137,10 @@ class Outbox:
             if not self._parcels or self._parcels[0] is not parcel:
                 return None
             placed = None
-            on_disk = parcel.path is not None
-            if not on_disk and parcel.body is not None:
+            if parcel.in_memory:
                 placed = Placed.SPOOL if self._to_spool(parcel) else Placed.DROPPED
                 self._memory_bytes -= parcel.size
-                on_disk = placed is Placed.SPOOL
+            on_disk = parcel.path is not None
             self._forget_head(parcel, on_disk)
             return placed
 
@@ -155,7 +151,7 @@ class Outbox:
             if not self._parcels or self._parcels[0] is not parcel:
                 return None
             on_disk = parcel.path is not None
-            was_in_memory = not on_disk and parcel.body is not None
+            was_in_memory = parcel.in_memory
             try:
                 where = str(self.spool.quarantine(parcel, body, error))
             except OSError as exc:
@@ -172,7 +168,7 @@ class Outbox:
         self._fragments -= parcel.fragments
         if on_disk:
             self._on_disk -= 1
-        parcel.body = None
+        parcel.forget()
         if not self._on_disk:
             self._spilling = False
 
@@ -190,6 +186,6 @@ class Outbox:
                     self.spool.tidy()
             elif parcel.body is not None:
                 self._memory_bytes -= parcel.size
-            parcel.body = None
+            parcel.forget()
             if not self._on_disk:
                 self._spilling = False

@@ -32,6 +32,9 @@ class Parcel:
 
     ``items`` counts the log()/commit() calls of this process it settles, so that
     ``flush()`` knows when everything before it has been delivered.
+
+    A parcel is in memory (``body``), on disk (``path``), or done with (neither);
+    only the methods below move it between them, whoever calls them.
     """
 
     body: bytes | None
@@ -45,6 +48,23 @@ class Parcel:
     def __post_init__(self) -> None:
         if self.body is not None:
             self.size = len(self.body)
+
+    @property
+    def in_memory(self) -> bool:
+        """Held only in memory: lost if the process ends now."""
+        return self.path is None and self.body is not None
+
+    def stored_at(self, path: Path) -> None:
+        """Now on disk at ``path``: the body leaves memory."""
+        self.path, self.body = path, None
+
+    def unstored(self) -> None:
+        """Its spool file was removed, or moved into the quarantine."""
+        self.path = None
+
+    def forget(self) -> None:
+        """Out of the outbox (sent, refused, or left on disk): drop the body."""
+        self.body = None
 
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}

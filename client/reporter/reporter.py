@@ -88,14 +88,14 @@ class Reporter:
         }
         directory = Path(spool_dir) if spool_dir else default_spool_dir(url, run, self.rank)
         Spool(directory, max_spool_bytes).check()  # an unusable folder is an OSError now
-        self._intake = Intake(
+        intake = Intake(
             self.rank,
             options.max_queue_items,
             options.max_queue_bytes,
             options.max_batch_fragments,
         )
         self._worker = Worker(
-            self._intake,
+            intake,
             Outbox(Spool(directory, max_spool_bytes, registration), options.max_queue_bytes),
             Sender(url, run, registration, token or _env_token(), transport, options.timeout_s),
             options,
@@ -121,25 +121,13 @@ class Reporter:
             raise ReporterClosed("log() after close(); create a new Reporter")
         if type(step) is not int or step < 0:
             step = check_step(step)
-        entry = self._capture(step, fragments)
-        worker = self._worker
-        if not worker.started:
-            worker.start()
-        if not self._intake.put(entry):
-            worker.drop(
-                1,
-                "the in-memory queue is full (max_queue_items or max_queue_bytes): a "
-                "fragment was dropped",
-                items=1,
-            )
+        self._worker.submit(self._capture(step, fragments))
 
     def commit(self, step: int) -> None:
         """Declare ``step`` done for this rank: it sent one fragment per log() call."""
         if self._closed:
             raise ReporterClosed("commit() after close(); create a new Reporter")
-        self._intake.commit(check_step(step))
-        if not self._worker.started:
-            self._worker.start()
+        self._worker.commit(check_step(step))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is delivered (or given up for good).
@@ -184,7 +172,6 @@ class Reporter:
 
     def _after_fork_in_child(self) -> None:
         self._worker.reset_after_fork()
-        self._intake = self._worker.intake
 
 
 def _close_all_at_exit() -> None:

@@ -115,7 +115,8 @@ class Spool:
         return self.nbytes + size <= self.max_bytes
 
     def write(self, parcel: Parcel) -> bool:
-        """Put ``parcel`` on disk; False (nothing written) when the spool is full."""
+        """Put ``parcel`` on disk (its body leaves memory); False (nothing written)
+        when the spool is full."""
         assert parcel.body is not None
         if not self.has_room(parcel.size):
             return False
@@ -123,7 +124,7 @@ class Spool:
         self._record_registration()
         path = self.directory / self._new_name(parcel)
         write_atomically(path, parcel.body)
-        parcel.path = path
+        parcel.stored_at(path)
         self.nbytes += parcel.size
         return True
 
@@ -146,7 +147,7 @@ class Spool:
             self.nbytes = max(0, self.nbytes - parcel.size)
         else:
             write_atomically(target, body)
-        parcel.path = None
+        parcel.unstored()
         return target
 
     def tidy(self) -> None:
@@ -163,5 +164,5 @@ class Spool:
     def remove(self, parcel: Parcel) -> None:
         if parcel.path is not None:
             parcel.path.unlink(missing_ok=True)
-            parcel.path = None
+            parcel.unstored()
             self.nbytes = max(0, self.nbytes - parcel.size)

@@ -1,10 +1,9 @@
 """The background side: one thread batches, one thread sends.
 
-The *batcher* thread drains the intake, waits for device values, cuts batches and
-puts them in the outbox; it never touches the network, so the intake keeps draining
-into memory or the spool however slow the service is. The *sender* thread runs
-:class:`~.send_loop.SendLoop`. Both threads are daemons, started lazily and started
-again in a forked child; ``start``, ``flush``, ``close`` and the fork are here.
+The *batcher* thread runs :class:`~.batch_loop.BatchLoop` (intake to outbox), the
+*sender* thread :class:`~.send_loop.SendLoop` (outbox to the service). Both threads
+are daemons, started lazily on the first ``submit`` and started again in a forked
+child; ``submit``, ``commit``, ``flush``, ``close`` and the fork are here.
 
 Nothing is lost without being counted: :meth:`Worker.drop` counts it in ``dropped``,
 with the reason in ``last_error`` and a warning at most every ``WARN_EVERY_S``.
@@ -18,20 +17,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from steptally.client.reporter.batcher import Batcher
+from steptally.client.reporter.batch_loop import BatchLoop
 from steptally.client.reporter.capture import Entry
 from steptally.client.reporter.intake import Intake
 from steptally.client.reporter.options import ReporterOptions
-from steptally.client.reporter.outbox import Outbox, Placed
-from steptally.client.reporter.parcel import encode
+from steptally.client.reporter.outbox import Outbox
 from steptally.client.reporter.retry import Backoff
 from steptally.client.reporter.send_loop import SendLoop
 from steptally.client.reporter.sender import Sender
 from steptally.client.reporter.stats import Closed, Counters, Stats
-from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
-YIELD_EVERY = 32  # queue items the batcher handles between offers of the GIL
+QUEUE_FULL = (
+    "the in-memory queue is full (max_queue_items or max_queue_bytes): a fragment was dropped"
+)
 DOWN_CLOSE_S = 1.0  # how long close() waits for a service that is not answering
 CLOSE_GRACE_S = 0.25  # what close() may take beyond its timeout to spool what is held
 WARN_EVERY_S = 10.0  # at most one warning about dropped data this often
@@ -55,7 +54,6 @@ class Worker:
         self.counters = Counters()
         base, cap = options.backoff_base_s, options.backoff_max_s
         self.backoff = Backoff(base, cap) if rng is None else Backoff(base, cap, rng)
-        self.batcher = Batcher(intake.rank, options)
         self.started = False
         self._fresh_state()
 
@@ -63,10 +61,8 @@ class Worker:
         self._progress = threading.Condition()
         self._settled = 0
         self._replayed = 0
-        self._flush_gen = self._served_gen = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._next_line = time.monotonic() + (self.log_every_s or 0)
         self.send = SendLoop(
             self.outbox,
             self.sender,
@@ -77,17 +73,45 @@ class Worker:
             self.settle,
             self.drop,
         )
+        self.batch = BatchLoop(
+            self.intake,
+            self.outbox,
+            self.options,
+            self.counters,
+            self._stop,
+            self.settle,
+            self.drop,
+            self.send.reject,
+            self.stats,
+            self.log_every_s,
+        )
         self._next_drop_warning = 0.0
         self._unwarned_drops = 0
 
     # -- the calling side ------------------------------------------------------------
+
+    def submit(self, entry: Entry) -> bool:
+        """Queue ``entry`` (numbered in its step); False when the queue was full and it
+        was dropped (counted). Starts the threads on first use."""
+        if not self.started:
+            self.start()
+        if self.intake.put(entry):
+            return True
+        self.drop(1, QUEUE_FULL, items=1)
+        return False
+
+    def commit(self, step: int) -> None:
+        """Queue the commit of ``step`` after every fragment numbered for it."""
+        self.intake.commit(step)
+        if not self.started:
+            self.start()
 
     def start(self) -> None:
         with self._progress:
             if self.started:
                 return
             self.started = True
-            for name, once in (("batcher", self._batch_once), ("sender", self.send.once)):
+            for name, once in (("batcher", self.batch.once), ("sender", self.send.once)):
                 thread = threading.Thread(
                     target=self._loop, args=(name, once), name=f"steptally-{name}", daemon=True
                 )
@@ -100,7 +124,6 @@ class Worker:
         self.outbox.reset_after_fork()
         self.sender.reset_after_fork()
         self.counters = Counters()
-        self.batcher = Batcher(self.intake.rank, self.options)
         self.started = False
         self._fresh_state()
 
@@ -148,8 +171,7 @@ class Worker:
         if self._settled >= target:
             return True
         self.start()
-        self._flush_gen += 1
-        self.intake.wake.set()
+        self.batch.request_flush()
         with self._progress:
             return self._progress.wait_for(lambda: self._settled >= target, timeout)
 
@@ -193,9 +215,9 @@ class Worker:
         return Closed(done, left, self.spool_dir, self.stats())
 
     def queued(self) -> int:
-        return self.intake.fragments() + len(self.batcher.entries) + self.outbox.fragments()
+        return self.intake.fragments() + self.batch.held() + self.outbox.fragments()
 
-    # -- the batcher thread ------------------------------------------------------------
+    # -- both threads ---------------------------------------------------------------
 
     def _loop(self, name: str, once: Callable[[], bool]) -> None:
         """Run ``once`` until it returns False; an unexpected error is logged, not fatal."""
@@ -208,58 +230,3 @@ class Worker:
                 self.counters.error(f"{name}: {type(exc).__name__}: {exc}")
                 if self._stop.wait(1.0):
                     return
-
-    def _batch_once(self) -> bool:
-        stopping = self._stop.is_set()
-        gen = self._flush_gen
-        for i, item in enumerate(self.intake.drain(), 1):
-            self._take(item)
-            if i % YIELD_EVERY == 0:
-                time.sleep(0)  # hand the GIL to the training thread if it waits
-        now = time.monotonic()
-        if self.batcher.due(now) or gen != self._served_gen or stopping:
-            self._ship()
-            self._served_gen = gen
-        if stopping:
-            return False
-        if self.log_every_s and now >= self._next_line:
-            log.info("steptally: %s", self.counters.snapshot(self.queued()).line())
-            self._next_line = now + self.log_every_s
-        poll = max(0.01, self.options.flush_interval_s / 2)
-        deadline = self.batcher.deadline()
-        self.intake.wake.wait(poll if deadline is None else min(poll, max(0.0, deadline - now)))
-        self.intake.wake.clear()
-        return True
-
-    def _take(self, item: Entry | Commit) -> None:
-        now = time.monotonic()
-        if isinstance(item, Entry) and item.staged is not None:
-            reason = item.resolve()
-            if reason is not None:
-                self.send.reject(1, f"rank {self.intake.rank} step {item.step}: {reason}")
-                self.batcher.settle_dropped(now)
-                return
-        self.batcher.add(item, now)
-        if self.batcher.due(now):
-            self._ship()
-
-    def _ship(self) -> None:
-        commits = self.batcher.commits
-        parcel = self.batcher.cut()
-        if parcel is None:
-            return
-        time.sleep(0)  # encoding held the GIL for a while: let the training thread in
-        placed = self.outbox.put(parcel)
-        if placed is Placed.SPOOL:
-            self.counters.add(spooled=parcel.fragments)
-        elif placed is Placed.DROPPED:
-            message = (
-                f"memory and spool are full: dropped {parcel.fragments} fragments; their "
-                "steps will show as incomplete; raise max_spool_bytes or max_queue_bytes"
-            )
-            log.error("steptally: %s", message)
-            self.drop(parcel.fragments, message)
-            if commits:  # a few bytes, and they make the loss visible on the service
-                batch = FragmentBatch(commits=commits)
-                self.outbox.put(encode(batch, self.options.gzip_min_bytes, 0), force=True)
-            self.settle(parcel.items)
