@@ -50,7 +50,7 @@ class EventCursor:
             cursor = None
         if cursor is None or not (cursor.finalised_at >= 0 and cursor.step >= 0):
             raise InvalidPayload(
-                f"{text!r} is not an event id of this stream; reconnect without one", where
+                f"{text!r:.40} is not an event id of this stream; reconnect without one", where
             )
         return cursor
 
