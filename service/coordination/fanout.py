@@ -40,6 +40,7 @@ HEALTH_CHECK_S = 2  # the subscription pings Redis when idle this long
 RETRY_S = 0.5  # between attempts to subscribe again
 POLL_S = 1.0  # the longest one wait for a message lasts
 START_WAIT_S = 2.0  # how long the app's start waits for the first subscription
+STOP_WAIT_S = 2.0  # how long its shutdown waits for the fan-out to stop
 
 _Outgoing = tuple[str, list[StepEvent], bytes]
 
@@ -105,13 +106,19 @@ class RedisFanout:
             log.warning("Redis is not reachable; events stay on this replica until it is")
 
     async def stop(self) -> None:
+        """Stop both tasks and close the client, within ``STOP_WAIT_S`` whatever Redis
+        does (a Redis that died mid-command must not hold the app's shutdown)."""
         self._loop = None
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self._redis.aclose()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=STOP_WAIT_S)
+            if pending:
+                log.warning("the Redis fan-out did not stop within %.1fs", STOP_WAIT_S)
+        try:
+            await asyncio.wait_for(self._redis.aclose(), STOP_WAIT_S)
+        except (TimeoutError, RedisError, OSError) as exc:
+            log.warning("closing the Redis client failed: %r", exc)
 
     async def _send_forever(self) -> None:
         while True:
