@@ -39,13 +39,16 @@ async def post_fragments(
     budget: BodyBudget = request.app.state.body_budget
     declared = request.headers.get("content-length", "")
     held = min(limit, int(declared)) if declared.isdigit() else limit
-    await budget.acquire(held)  # raw bytes, then inflated ones, each before they are taken
+    await budget.acquire(held)  # the raw bytes before they are read
     try:
         raw = await read_limited(request, limit)
         encoding = request.headers.get("content-encoding")
         inflated = inflated_size(raw, encoding, limit)
-        await budget.acquire(inflated)
-        held += inflated
+        if inflated:  # let go and take raw plus inflated at once: no two wait on each other
+            budget.release(held)
+            held = 0
+            await budget.acquire(len(raw) + inflated)
+            held = len(raw) + inflated
 
         def handle() -> JsonResponse:
             body = decode_content(raw, encoding, limit, inflated)
