@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from .conftest import Api, AppFactory, Clock
@@ -390,3 +391,22 @@ def test_a_50_mb_batch_is_refused_before_it_is_read(api: Api) -> None:
         "the body is larger than the limit of 8388608 bytes for this route "
         "(STEPTALLY_MAX_BODY_BYTES)"
     )
+
+
+def test_a_value_the_database_refuses_is_422_and_a_database_away_503(
+    app_and_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, client = app_and_client
+
+    def refuse(*_: Any) -> None:
+        raise sa.exc.DataError("SELECT", {}, Exception("value out of range"))
+
+    def away(*_: Any) -> None:
+        raise sa.exc.OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(app.state.service, "list_runs", refuse)
+    _error(client.get("/v1/runs"), 422, "invalid_payload", None)
+    monkeypatch.setattr(app.state.service, "list_runs", away)
+    answer = client.get("/v1/runs")
+    _error(answer, 503, "unavailable", None)
+    assert answer.headers["retry-after"] == "5"
