@@ -17,8 +17,10 @@ per step.
 With ``--why`` each timed call also reads the thread's resource usage before and after
 (outside the timed window), and the calls at or above p99 are told apart by what
 happened inside them: the thread blocked (a voluntary context switch: waiting for the
-GIL or a lock), was preempted by the OS (an involuntary one), took a page fault, or
-none of these (plain CPU time: cold caches, an interrupt, a shared core).
+GIL or a lock), was preempted by the OS (an involuntary one), ran a cyclic garbage
+collection (Python's, in whichever thread crosses the allocation threshold), took a
+page fault, or none of these (plain CPU time: cold caches, an interrupt, a shared
+core).
 
 Usage:
     python bench/reporter_log.py [--ranks 8] [--steps 300] [--metrics 32] [--microbatches 8]
@@ -28,6 +30,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing
 import os
 import resource
@@ -43,16 +46,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+Why = tuple[int, int, int, int]  # voluntary, involuntary switches, page faults, collections
+_collections = [0]  # garbage collections run by the main thread
 
 
-def _usage() -> tuple[int, int, int]:
+def _count_collection(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start" and threading.current_thread() is threading.main_thread():
+        _collections[0] += 1
+
+
+def _usage() -> Why:
     u = resource.getrusage(_THREAD)
-    return u.ru_nvcsw, u.ru_nivcsw, u.ru_minflt
+    return u.ru_nvcsw, u.ru_nivcsw, u.ru_minflt, _collections[0]
 
 
-def _timed(
-    fn: Callable[..., object], args: tuple[Any, ...], why: list[tuple[int, int, int]] | None
-) -> int:
+def _timed(fn: Callable[..., object], args: tuple[Any, ...], why: list[Why] | None) -> int:
     """Nanoseconds ``fn(*args)`` took; with ``why``, append what happened inside it."""
     clock = time.perf_counter_ns
     if why is None:
@@ -64,7 +72,7 @@ def _timed(
     fn(*args)
     dt = clock() - t0
     u1 = _usage()
-    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2]))
+    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2], u1[3] - u0[3]))
     return dt
 
 
@@ -100,7 +108,7 @@ def _time_reporter(
     spec = {"metrics": {n: "sum" for n in names}}
     calls: list[float] = []
     steps: list[float] = []
-    why: list[tuple[int, int, int]] = []
+    why: list[Why] = []
     clock = time.perf_counter_ns
     with (
         tempfile.TemporaryDirectory() as spool,
@@ -136,9 +144,7 @@ def _time_reporter(
     return {"call": calls, "step": steps, "why": why}
 
 
-def _why(
-    args: argparse.Namespace, step: int, why: list[tuple[int, int, int]]
-) -> list[tuple[int, int, int]] | None:
+def _why(args: argparse.Namespace, step: int, why: list[Why]) -> list[Why] | None:
     return why if args.why and step >= args.warmup else None
 
 
@@ -147,7 +153,7 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
     names = [f"m{i:02d}" for i in range(args.metrics)]
     calls: list[float] = []
     steps: list[float] = []
-    why: list[tuple[int, int, int]] = []
+    why: list[Why] = []
     kept: list[list[float]] = []
 
     def touch(row: dict[str, float]) -> None:
@@ -230,6 +236,8 @@ def _rank(rank: int, args: argparse.Namespace, port: int, url: str, out: Any) ->
         import torch
         import torch.distributed as dist
     torch.set_num_threads(1)  # ranks share the CPUs: no spinning intra-op thread pools
+    if args.why:
+        gc.callbacks.append(_count_collection)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks
     )
@@ -308,20 +316,31 @@ def _us(x: float) -> str:
     return f"{x:.1f}µ" if x < 1000 else f"{x / 1000:.2f}m"
 
 
-def _causes(name: str, calls: list[float], why: list[tuple[int, int, int]]) -> str:
-    """What happened inside the calls at or above p99."""
+def _causes(name: str, calls: list[float], why: list[Why]) -> str:
+    """What happened inside the calls at or above p99 (the first cause that applies)."""
     cut = _quantile(calls, 0.99)
     tail = [w for c, w in zip(calls, why, strict=True) if c >= cut]
-    blocked = sum(1 for v, _, _ in tail if v)
-    preempted = sum(1 for v, i, _ in tail if i and not v)
-    faulted = sum(1 for v, i, f in tail if f and not v and not i)
-    rest = len(tail) - blocked - preempted - faulted
-    anywhere = sum(1 for v, _, _ in why if v)
+    counts = dict.fromkeys(("blocked", "preempted", "gc", "page fault", "none of these"), 0)
+    for w in tail:
+        counts[_cause(w)] += 1
+    found = ", ".join(f"{k} {n}" for k, n in counts.items())
+    blocked = sum(1 for w in why if w[0])
+    collected = sum(1 for w in why if w[3])
     return (
-        f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): blocked {blocked}, "
-        f"preempted {preempted}, page fault {faulted}, none of these {rest}; "
-        f"calls that blocked at all: {anywhere} of {len(why)}"
+        f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): {found}; of all {len(why)} "
+        f"calls, {blocked} blocked and {collected} ran a collection"
     )
+
+
+def _cause(w: Why) -> str:
+    voluntary, involuntary, faults, collections = w
+    if voluntary:
+        return "blocked"
+    if involuntary:
+        return "preempted"
+    if collections:
+        return "gc"
+    return "page fault" if faults else "none of these"
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ from steptally.client.wire import Commit, FragmentBatch
 
 log = logging.getLogger("steptally.reporter")
 YIELD_EVERY = 32  # queue items handled between offers of the GIL to the training thread
+# The longest the thread sleeps: how late a batch full by count may be cut. log()
+# never wakes it (see :mod:`.intake`), so it looks on this timer.
+POLL_S = 0.05
 
 
 class BatchLoop:
@@ -76,7 +79,7 @@ class BatchLoop:
         if self.log_every_s and now >= self._next_line:
             log.info("steptally: %s", self._stats().line())
             self._next_line = now + self.log_every_s
-        poll = max(0.01, self.options.flush_interval_s / 2)
+        poll = min(POLL_S, max(0.01, self.options.flush_interval_s / 2))
         deadline = self.batcher.deadline()
         self.intake.wake.wait(poll if deadline is None else min(poll, max(0.0, deadline - now)))
         self.intake.wake.clear()

@@ -6,6 +6,10 @@ is unique and contiguous. ``commit`` queues the step's commit after every fragme
 numbered before it. The training thread never waits here beyond that lock: when the
 queue is full the fragment is dropped (and counted), but still numbered, so that the
 commit announces it and the step shows as incomplete instead of silently wrong.
+
+Nothing here wakes the background thread: it drains the queue on its own timer (and
+when ``flush()`` asks). A wake-up from ``put`` made the kernel switch to the woken
+thread in the middle of the training thread's ``log()``, which then waited for a CPU.
 """
 
 from __future__ import annotations
@@ -22,11 +26,10 @@ REMEMBERED_COMMITS = 65536
 
 
 class Intake:
-    def __init__(self, rank: int, max_items: int, max_bytes: int, batch_items: int) -> None:
+    def __init__(self, rank: int, max_items: int, max_bytes: int) -> None:
         self.rank = rank
         self.max_items = max_items
         self.max_bytes = max_bytes
-        self.batch_items = batch_items
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.items = 0  # every accepted call, dropped fragments included
@@ -67,9 +70,6 @@ class Intake:
                 return False
             self._queue.append(entry)
             self._bytes += nbytes
-            full = len(self._queue) >= self.batch_items
-        if full:
-            self.wake.set()
         return True
 
     def commit(self, step: int) -> Commit:

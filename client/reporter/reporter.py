@@ -88,12 +88,7 @@ class Reporter:
         }
         directory = Path(spool_dir) if spool_dir else default_spool_dir(url, run, self.rank)
         Spool(directory, max_spool_bytes).check()  # an unusable folder is an OSError now
-        intake = Intake(
-            self.rank,
-            options.max_queue_items,
-            options.max_queue_bytes,
-            options.max_batch_fragments,
-        )
+        intake = Intake(self.rank, options.max_queue_items, options.max_queue_bytes)
         self._worker = Worker(
             intake,
             Outbox(Spool(directory, max_spool_bytes, registration), options.max_queue_bytes),

@@ -169,13 +169,13 @@ def test_drops_only_when_memory_and_spool_are_full_and_counts_them(
 
 
 def test_the_in_memory_queue_is_bounded_and_still_numbers_what_it_drops() -> None:
-    intake = Intake(0, max_items=3, max_bytes=1 << 20, batch_items=100)
+    intake = Intake(0, max_items=3, max_bytes=1 << 20)
     accepted = [intake.put(Entry(7, ("a",), [1.0])) for _ in range(5)]
     assert accepted == [True, True, True, False, False]
     commit = intake.commit(7)
     assert commit.fragments == 5  # the step will show two missing fragments
     assert len(intake.drain()) == 4  # three fragments and the commit
-    small = Intake(0, max_items=100, max_bytes=100, batch_items=100)
+    small = Intake(0, max_items=100, max_bytes=100)
     assert [small.put(Entry(0, ("a", "b"), [1.0, 2.0])) for _ in range(3)] == [
         True,
         True,
