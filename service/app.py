@@ -5,7 +5,7 @@ The app keeps its objects on ``app.state``:
 * ``settings`` — the :class:`~steptally.service.settings.Settings` it was built with;
 * ``registry`` — a ``prometheus_client.CollectorRegistry`` of its own (never the global
   one), where ``telemetry`` registers its metrics and a ``/metrics`` route can read;
-* ``telemetry`` — :class:`~steptally.service.telemetry.Telemetry`;
+* ``telemetry`` — :class:`~steptally.service.metrics.instruments.Telemetry`;
 * ``store`` — the :class:`~steptally.service.store.base.Store`, given or opened from
   the settings by :func:`~steptally.service.store.factory.open_store`;
 * ``service`` — the :class:`~steptally.service.usecase.service.Service` the routers use.
@@ -23,7 +23,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
@@ -36,11 +35,10 @@ from steptally.service.auth.wiring import limiter_of, open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
 from steptally.service.dashboard import router as dashboard
-from steptally.service.exposition import RunValueCollector
+from steptally.service.metrics.registry import build_registry
 from steptally.service.settings import Settings
 from steptally.service.store.base import Store
 from steptally.service.store.factory import open_store
-from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.events import EventHub
 from steptally.service.usecase.service import Service
 from steptally.service.usecase.sweeper import sweep_forever
@@ -56,10 +54,8 @@ def create_app(
     """Build the service over ``store`` (None: the one ``settings`` describe); the app
     closes it at shutdown. ``clock`` and ``sweep=False`` exist for tests."""
     store = store if store is not None else open_store(settings)
-    registry = CollectorRegistry(auto_describe=True)
-    telemetry = Telemetry(registry)
     window_s = settings.metrics_window_s  # /metrics: the runs active within it
-    registry.register(RunValueCollector(store.exposition_snapshot, window_s, clock))
+    registry, telemetry = build_registry(store.exposition_snapshot, window_s, clock)
     hub = EventHub()
     fanout = None
     if settings.redis_url is not None:

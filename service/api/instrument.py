@@ -15,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steptally.service.telemetry import Telemetry
+from steptally.service.metrics.instruments import Telemetry
 
 UNMATCHED = "unmatched"
 

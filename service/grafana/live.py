@@ -1,9 +1,8 @@
 """Live (Prometheus): the latest values and the progress of the selected runs.
 
-Reads what ``/metrics`` exposes at every scrape (:mod:`steptally.service.exposition`
-and :mod:`steptally.service.telemetry`): the latest finalised value of every
-metric, finalisations and fragments as rates, and the backlog of open, partial
-and missing.
+Reads what ``/metrics`` exposes at every scrape (:mod:`steptally.service.metrics`): the
+latest finalised value of every metric, finalisations and fragments as rates, and the
+backlog of open, partial and missing.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from steptally.service.errors import (
     ServiceError,
     UnknownMetric,
 )
+from steptally.service.metrics.instruments import Telemetry
 from steptally.service.store.base import FinalisedStep, IngestOutcome, Store
-from steptally.service.telemetry import Telemetry
 from steptally.service.usecase.run_registry import RunDirectory
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from steptally.service.auth.grant import Grant
 from steptally.service.domain.run import RunRecord
+from steptally.service.metrics.instruments import Telemetry
 from steptally.service.store.base import FinalisedStep, StepRecord, Store
-from steptally.service.telemetry import Telemetry
 from steptally.service.usecase import query
 from steptally.service.usecase.events import EventCursor, EventHub, EventPublisher, StepEvent
 from steptally.service.usecase.ingest import Ingest

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from steptally.service.api.instrument import RequestMetrics
-from steptally.service.telemetry import Telemetry
+from steptally.service.metrics.instruments import Telemetry
 
 Api = Any  # the `api` fixture of conftest.py
 

@@ -1,9 +1,9 @@
 """The service's own Prometheus metrics, registered on the app's injected registry.
 
-The use cases, the error handler and the request middleware call these; the
-``/metrics`` route and the collector of run values are built on top of the same
-registry elsewhere. Never the global default registry: each app (and each test) has
-its own. The names (``/metrics`` shows the HELP text of each):
+The use cases, the error handler and the request middleware call these;
+:func:`~steptally.service.metrics.registry.build_registry` puts them on a fresh
+registry beside the collector of run values. Never the global default registry: each
+app (and each test) has its own. The names (``/metrics`` shows the HELP text of each):
 
 * ``steptally_http_request_duration_seconds{method, route, status}`` — histogram of the
   time from a request's arrival to its response headers, by HTTP method, route
