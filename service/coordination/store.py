@@ -34,12 +34,11 @@ from redis.exceptions import RedisError
 
 from steptally.service.coordination.schedule import DeadlineSchedule
 from steptally.service.domain.batch import PreparedBatch
-from steptally.service.domain.run import RunRecord
+from steptally.service.domain.run import RunRecord, RunSnapshot
 from steptally.service.store.base import (
     Decide,
     FinalisedStep,
     IngestOutcome,
-    RunSnapshot,
     RunSummary,
     SeriesRows,
     StepRecord,

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from typing import Any
+from typing import Any, cast
 
 from steptally.client.algebra import MetricResult, StepAccumulator
 from steptally.client.wire import encode_number
@@ -113,11 +113,27 @@ class ValueState(IntEnum):
 
 
 StoredValue = tuple[int, float | None, int]  # (column, value, state)
-_NON_FINITE: dict[str, tuple[float | None, ValueState]] = {
+# A metric's JSON value that is not a number: undefined, or a proto3 string.
+_NOT_A_NUMBER: dict[object, tuple[float | None, ValueState]] = {
+    None: (None, ValueState.UNDEFINED),
+    "NaN": (None, ValueState.NAN),
     "Infinity": (math.inf, ValueState.NUMBER),
     "-Infinity": (-math.inf, ValueState.NUMBER),
-    "NaN": (None, ValueState.NAN),
 }
+# What each state shows as a float (NUMBER: the number itself).
+_SHOWN: dict[ValueState, float | None] = {ValueState.NAN: math.nan, ValueState.UNDEFINED: None}
+
+
+def read_value(value: float | str | None) -> tuple[float | None, ValueState]:
+    """A metric's JSON value (:func:`metric_json`) as a stored value and its state."""
+    known = _NOT_A_NUMBER.get(value)
+    return known if known is not None else (float(cast(float, value)), ValueState.NUMBER)
+
+
+def shown_value(value: float | str | None) -> float | None:
+    """A metric's JSON value as a float: NaN and the infinities as such, None if undefined."""
+    number, state = read_value(value)
+    return _SHOWN.get(state, number)
 
 
 def stored_values(run: RunRecord, result: StepResult) -> list[StoredValue]:
@@ -127,14 +143,8 @@ def stored_values(run: RunRecord, result: StepResult) -> list[StoredValue]:
         metric = result.metrics.get(name)
         if metric is None:
             continue
-        value = metric["value"]
-        if value is None:
-            out.append((col, None, ValueState.UNDEFINED.value))
-        elif isinstance(value, str):
-            number, state = _NON_FINITE[value]
-            out.append((col, number, state.value))
-        else:
-            out.append((col, float(value), ValueState.NUMBER.value))
+        number, state = read_value(metric["value"])
+        out.append((col, number, state.value))
     return out
 
 

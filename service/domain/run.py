@@ -1,4 +1,5 @@
-"""A registered run as the service sees it: its spec and its metric columns."""
+"""A registered run as the service sees it: its spec and its metric columns; and what
+``/metrics`` shows of it (:class:`RunSnapshot`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from steptally.client.algebra import MetricSpec
+from steptally.service.domain.progress import StepStatus
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
 
@@ -39,6 +41,23 @@ class RunRecord:
         """The column of every metric and derived value (derived ones negative)."""
         derived = {name: -1 - i for i, name in enumerate(self.derived_columns)}
         return {**self.column_of, **derived}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """One run for a Prometheus collector: the latest finalised step and the backlog."""
+
+    run: str
+    world_size: int
+    last_step: int | None
+    last_status: StepStatus | None
+    last_revision: int
+    values: Mapping[str, float | None]
+    open_steps: int
+    partial_steps: int
+    missing_ranks: int  # summed over the partial steps
+    # when the run was registered or last finalised a step, whichever is later
+    active_at: float = field(default=0.0, compare=False)
 
 
 def is_run_name(name: str) -> bool:

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from steptally.service.domain.run import RunSnapshot
 from steptally.service.metrics.instruments import Telemetry
 from steptally.service.metrics.run_values import RunValueCollector
-from steptally.service.store.base import RunSnapshot
 
 
 def build_registry(

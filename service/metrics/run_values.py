@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from steptally.service.domain.progress import StepStatus
-from steptally.service.store.base import RunSnapshot
+from steptally.service.domain.run import RunSnapshot
 
 _PER_RUN: tuple[tuple[str, str, Callable[[RunSnapshot], float | None]], ...] = (
     ("last_finalised_step", "Step number of the latest finalised step.", lambda r: r.last_step),

@@ -15,7 +15,7 @@ many requests or instances race; the combining itself is the pure
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,7 @@ from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.cells import Cell
 from steptally.service.domain.finalise import StepResult, ValueState
 from steptally.service.domain.progress import Progress, StepStatus
-from steptally.service.domain.run import RunRecord
+from steptally.service.domain.run import RunRecord, RunSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,23 +97,6 @@ class SeriesRows:
     states: list[ValueState]
     status: list[StepStatus]
     revision: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class RunSnapshot:
-    """One run for a Prometheus collector: the latest finalised step and the backlog."""
-
-    run: str
-    world_size: int
-    last_step: int | None
-    last_status: StepStatus | None
-    last_revision: int
-    values: Mapping[str, float | None]
-    open_steps: int
-    partial_steps: int
-    missing_ranks: int  # summed over the partial steps
-    # when the run was registered or last finalised a step, whichever is later
-    active_at: float = field(default=0.0, compare=False)
 
 
 Decide = Callable[[RunRecord | None], RunDraft]

@@ -23,14 +23,13 @@ from sqlalchemy.exc import IntegrityError
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord
+from steptally.service.domain.run import RunRecord, RunSnapshot
 from steptally.service.domain.step import is_due
 from steptally.service.store import sql_ingest, sql_query
 from steptally.service.store.base import (
     Decide,
     FinalisedStep,
     IngestOutcome,
-    RunSnapshot,
     RunSummary,
     SeriesRows,
     StepRecord,

@@ -9,11 +9,10 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Row, func, select, tuple_
 
-from steptally.client.wire import NON_FINITE
-from steptally.service.domain.finalise import StepResult
+from steptally.service.domain.finalise import StepResult, shown_value
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord
-from steptally.service.store.base import RunSnapshot, RunSummary, StepRecord
+from steptally.service.domain.run import RunRecord, RunSnapshot
+from steptally.service.store.base import RunSummary, StepRecord
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import load_live
 
@@ -135,8 +134,7 @@ def _snapshot(
     values: dict[str, float | None] = {}
     if row is not None and row.result is not None:
         for name, m in orjson.loads(row.result)["metrics"].items():
-            v = m["value"]
-            values[name] = NON_FINITE[v] if isinstance(v, str) else v
+            values[name] = shown_value(m["value"])
     partial = counts.get(StepStatus.PARTIAL.value, (0, 0, None))
     return RunSnapshot(
         run=run.name,
