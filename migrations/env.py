@@ -1,7 +1,7 @@
 """Alembic environment: the same settings and models as the service.
 
 The URL comes from ``config.attributes["database_url"]`` (set by
-``steptally.service.store.schema.alembic_config``), or a connection passed in
+``steptally.service.store.migration.alembic_config``), or a connection passed in
 ``config.attributes["connection"]``, else from :class:`Settings` (the
 ``STEPTALLY_DATABASE_URL`` environment variable).
 """

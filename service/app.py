@@ -6,9 +6,9 @@ The app keeps its objects on ``app.state``:
 * ``registry`` — a ``prometheus_client.CollectorRegistry`` of its own (never the global
   one), where ``telemetry`` registers its metrics and a ``/metrics`` route can read;
 * ``telemetry`` — :class:`~steptally.service.metrics.instruments.Telemetry`;
-* ``store`` — the :class:`~steptally.service.store.base.Store`, given or opened from
+* ``store`` — the :class:`~steptally.service.store.protocol.Store`, given or opened from
   the settings by :func:`~steptally.service.store.factory.open_store`;
-* ``service`` — the :class:`~steptally.service.usecase.service.Service` the routers use.
+* ``service`` — the :class:`~steptally.service.usecase.facade.Service` the routers use.
 
 The lifespan checks that the store is ready (its database schema at head), starts the fan-out of
 finalisations over Redis when ``redis_url`` is set (``service/coordination/``) and the
@@ -25,23 +25,23 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api import docs, errors, events, fragments, health, metrics, runs, steps
+from steptally.service.api import docs, errors, events, fragments, health, runs, steps
 from steptally.service.api.deadline import RequestDeadline
+from steptally.service.api.docs import declare_bearer
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.api.limits import BodyBudget, RequestLimits
 from steptally.service.auth.middleware import Guard
-from steptally.service.auth.openapi import declare_bearer
-from steptally.service.auth.wiring import limiter_of, open_tokens
+from steptally.service.auth.ratelimit import limiter_of
+from steptally.service.auth.tokens import open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
 from steptally.service.dashboard import router as dashboard
 from steptally.service.metrics.registry import build_registry
 from steptally.service.settings import Settings
-from steptally.service.store.base import Store
 from steptally.service.store.factory import open_store
+from steptally.service.store.protocol import Store
 from steptally.service.usecase.events import EventHub
-from steptally.service.usecase.service import Service
-from steptally.service.usecase.sweeper import sweep_forever
+from steptally.service.usecase.facade import Service, sweep_forever
 
 
 def create_app(
@@ -107,7 +107,7 @@ def create_app(
         declare_bearer(app)
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
-    for module in (runs, fragments, steps, events, health, metrics, docs):
+    for module in (runs, fragments, steps, events, health, docs):
         app.include_router(module.router)
     dashboard.install(app)
     return app

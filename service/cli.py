@@ -70,7 +70,7 @@ def _unreachable(url: str, exc: Exception) -> NoReturn:
 @app.command()
 def migrate(database_url: DatabaseUrl = None) -> None:
     """Create the database schema, or upgrade it to the newest version."""
-    from steptally.service.store.schema import upgrade
+    from steptally.service.store.migration import upgrade
 
     settings = settings_with(database_url=database_url)
     try:
@@ -97,7 +97,7 @@ def serve(
     """
     from steptally.service.serving import serve as serve_until_stopped
     from steptally.service.store.engine import make_engine
-    from steptally.service.store.schema import check_current
+    from steptally.service.store.migration import check_current
 
     settings = settings_with(database_url=database_url, host=host, port=port)
     try:
@@ -223,7 +223,7 @@ def _token_store(database_url: str | None) -> TokenStore:
     """The token store of the configured database, which must be at the newest schema."""
     from steptally.service.auth.tokens import TokenStore
     from steptally.service.store.engine import make_engine
-    from steptally.service.store.schema import check_current
+    from steptally.service.store.migration import check_current
 
     settings = settings_with(database_url=database_url)
     try:

@@ -10,7 +10,7 @@ import uvicorn
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from steptally.service.store.schema import upgrade
+from steptally.service.store.migration import upgrade
 
 
 class EmbeddedServer:

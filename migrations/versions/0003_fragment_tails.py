@@ -1,7 +1,7 @@
 """Exact sum fragments: the further terms of each fragment's expansions.
 
 ``fragments.tails`` holds, for the columns whose value is an exact sum of more than
-one term, the terms after the first (see ``steptally.service.domain.cells``); NULL for
+one term, the terms after the first (see ``steptally.service.domain.packing``); NULL for
 every fragment stored before, whose values are one term each.
 
 Revision ID: 0003

@@ -1,14 +1,28 @@
-"""Dependencies of the routers, as ``Annotated`` aliases."""
+"""What the routes take, as ``Annotated`` aliases: the app's objects, and path and query
+parameters validated before a route runs (422 ``invalid_payload`` with ``where`` such
+as ``path.run`` or ``query.start``) and documented in OpenAPI.
+
+A run name in a path must match the contract's pattern in full (no trailing newline,
+NUL, leading space or non-ASCII: nothing the database could choke on); steps and
+step bounds are integers from 0 to 2**63 - 1.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 
 from steptally.service.auth.grant import Grant
+from steptally.service.domain.limits import MAX_INT
 from steptally.service.settings import Settings
-from steptally.service.usecase.service import Service
+from steptally.service.usecase.facade import Service
+
+RUN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+RunName = Annotated[str, Path(pattern=RUN_PATTERN, max_length=128)]
+StepNumber = Annotated[int, Path(ge=0, le=MAX_INT)]
+StepBound = Annotated[int | None, Query(ge=0, le=MAX_INT)]
 
 
 def _service(request: Request) -> Service:

@@ -4,13 +4,18 @@ The Swagger UI files (``swagger-ui-dist``, Apache-2.0, its LICENSE and NOTICE be
 them in ``swagger/``) are vendored unchanged; ``/docs`` is FastAPI's own Swagger
 page pointed at them, and ``/docs/assets/{name}`` serves them with a long cache
 lifetime (a new version of the files comes with a new release of the service).
+
+With auth on, :func:`declare_bearer` makes the OpenAPI description declare the bearer
+token, so ``/docs`` has an "Authorize" button and its "Try it out" requests carry the
+token.
 """
 
 from __future__ import annotations
 
 from importlib.resources import files
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.responses import HTMLResponse, Response
 
@@ -24,6 +29,11 @@ ASSETS = {
     "favicon-32x32.png": "image/png",
 }
 CACHE = "public, max-age=86400"
+BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "a token from `steptally token create` (docs/security.md)",
+}
 _FOLDER = files("steptally.service.api") / "swagger"
 
 
@@ -46,3 +56,17 @@ def swagger_asset(name: str) -> Response:
         raise NotFound(f"/docs has no asset {name!r}")
     body = (_FOLDER / name).read_bytes()
     return Response(body, media_type=media_type, headers={"Cache-Control": CACHE})
+
+
+def declare_bearer(app: FastAPI) -> None:
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = BEARER
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
-from steptally.service.api.response import JsonResponse
+from steptally.service.api.schemas import JsonResponse
 from steptally.service.errors import RateLimited, ServiceError, Unauthenticated, Unavailable
 
 RETRY_AFTER_S = 5

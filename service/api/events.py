@@ -22,12 +22,11 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api.deps import ServiceDep
-from steptally.service.api.params import RunName
+from steptally.service.api.deps import RunName, ServiceDep
 from steptally.service.api.schemas import errors
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.events import EventCursor, step_events
-from steptally.service.usecase.service import Service
+from steptally.service.usecase.facade import Service
 
 router = APIRouter(prefix="/v1/runs", tags=["events"])
 

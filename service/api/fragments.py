@@ -13,11 +13,9 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api.body import decode_content, inflated_size, read_limited
-from steptally.service.api.deps import ServiceDep, SettingsDep
+from steptally.service.api.deps import RunName, ServiceDep, SettingsDep
 from steptally.service.api.limits import BodyBudget
-from steptally.service.api.params import RunName
-from steptally.service.api.response import JsonResponse
-from steptally.service.api.schemas import IngestAnswer, errors
+from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors
 
 router = APIRouter(prefix="/v1/runs", tags=["fragments"])
 

@@ -1,16 +1,19 @@
-"""``/healthz`` (the process answers) and ``/readyz`` (the database answers too, with
-its schema at head, within ``readyz_timeout_s``: a hung database is 503, not a hang)."""
+"""What an operator polls: ``/healthz`` (the process answers), ``/readyz`` (the database
+answers too, with its schema at head, within ``readyz_timeout_s``: a hung database is
+503, not a hang) and ``/metrics`` (the Prometheus text exposition of the app's own
+registry, :mod:`steptally.service.metrics`)."""
 
 from __future__ import annotations
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from steptally.service.api.deps import ServiceDep
 from steptally.service.api.errors import error_response
-from steptally.service.api.response import JsonResponse
-from steptally.service.api.schemas import HealthAnswer, errors
+from steptally.service.api.schemas import HealthAnswer, JsonResponse, errors
 from steptally.service.errors import NotMigrated
+from steptally.service.metrics.registry import expose
 
 router = APIRouter(tags=["health"])
 
@@ -35,3 +38,9 @@ async def readyz(request: Request, service: ServiceDep) -> JsonResponse:
         message = f"the database does not answer: {type(exc).__name__}"
         return error_response(request, 503, "not_ready", message, None)
     return JsonResponse({"status": "ready"})
+
+
+@router.get("/metrics", tags=["metrics"], include_in_schema=False)
+def metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.registry
+    return Response(expose(registry), media_type=CONTENT_TYPE_LATEST)

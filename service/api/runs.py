@@ -7,12 +7,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from steptally.service.api.deps import GrantDep, ServiceDep, SettingsDep
-from steptally.service.api.params import RunName
-from steptally.service.api.response import JsonResponse
-from steptally.service.api.schemas import RunAnswer, RunPage, errors
+from steptally.service.api.deps import GrantDep, RunName, ServiceDep, SettingsDep
+from steptally.service.api.schemas import JsonResponse, RunAnswer, RunPage, errors
 from steptally.service.settings import run_limits
-from steptally.service.usecase.run_registry import RunRequest
+from steptally.service.usecase.registration import RunRequest
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 _AGAIN = "the same spec again (or a superset adding metrics)"

@@ -1,7 +1,7 @@
 """The JSON answers of the REST API as pydantic models: what ``/openapi.json`` documents.
 
 The routes build their answers as plain dicts and send them with orjson
-(:class:`~steptally.service.api.response.JsonResponse`), so FastAPI documents these
+(:class:`JsonResponse`, non-finite numbers already strings), so FastAPI documents these
 models but does not re-validate every answer on the way out (the ingest path stays
 as fast as before, and a series of 100,000 values is not walked twice); the tests
 validate real answers against them. A number that is not finite travels as the
@@ -12,12 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
 
 Number = float | Literal["NaN", "Infinity", "-Infinity"]
 Status = Literal["open", "complete", "partial"]
 FinalStatus = Literal["complete", "partial"]
 ResponseDocs = dict[int | str, dict[str, Any]]
+
+
+class JsonResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
 
 
 class _Answer(BaseModel):

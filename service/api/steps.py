@@ -6,10 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steptally.service.api.deps import ServiceDep
-from steptally.service.api.params import RunName, StepBound, StepNumber
-from steptally.service.api.response import JsonResponse
-from steptally.service.api.schemas import SeriesAnswer, StepAnswer, StepPage, errors
+from steptally.service.api.deps import RunName, ServiceDep, StepBound, StepNumber
+from steptally.service.api.schemas import JsonResponse, SeriesAnswer, StepAnswer, StepPage, errors
 from steptally.service.usecase.query import MAX_POINTS, MIN_POINTS
 
 router = APIRouter(prefix="/v1/runs", tags=["steps"])

@@ -14,6 +14,10 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steptally.service.settings import Settings
 
 
 class RateLimiter:
@@ -58,6 +62,13 @@ class RateLimiter:
         self._buckets.move_to_end(key)
         while len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
+
+
+def limiter_of(settings: Settings) -> RateLimiter | None:
+    """The rate limiter the settings ask for (None: ``rate_limit_per_s`` is 0 or less)."""
+    if settings.rate_limit_per_s <= 0:
+        return None
+    return RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
 
 
 def retry_after(wait_s: float) -> int:

@@ -26,7 +26,8 @@ from enum import StrEnum
 
 from sqlalchemy import Engine, RowMapping, Table, insert, select, update
 
-from steptally.service.store.engine import transaction
+from steptally.service.settings import Settings, database_limits
+from steptally.service.store.engine import make_engine, transaction
 from steptally.service.store.models import AuthToken
 
 TOKENS: Table = AuthToken.__table__  # type: ignore[assignment]
@@ -143,6 +144,13 @@ class TokenStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def open_tokens(settings: Settings) -> TokenStore | None:
+    """The token store when auth is on (its own engine over the service's database)."""
+    if not settings.auth:
+        return None
+    return TokenStore(make_engine(settings.database_url, database_limits(settings)))
 
 
 def _token(r: RowMapping) -> Token:

@@ -1,6 +1,6 @@
 """The store with Redis coordination: SQL for every byte, Redis for the open-step schedule.
 
-:class:`CoordinatedStore` is a :class:`~steptally.service.store.base.Store` that
+:class:`CoordinatedStore` is a :class:`~steptally.service.store.protocol.Store` that
 delegates every read and write to the SQL store it wraps, and keeps the shared
 :class:`~steptally.service.coordination.schedule.DeadlineSchedule` beside it:
 
@@ -34,12 +34,11 @@ from redis.exceptions import RedisError
 
 from steptally.service.coordination.schedule import DeadlineSchedule
 from steptally.service.domain.batch import PreparedBatch
-from steptally.service.domain.run import RunRecord, RunSnapshot
-from steptally.service.store.base import (
+from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
+from steptally.service.store.protocol import (
     Decide,
     FinalisedStep,
     IngestOutcome,
-    RunSummary,
     SeriesRows,
     StepRecord,
     Store,

@@ -2,7 +2,7 @@
 
 A :class:`PreparedBatch` holds each distinct fragment once, keyed by
 ``(step, rank, seq)``, its values packed over the run's columns (see
-:mod:`.cells`), and each distinct commit once, keyed by ``(step, rank)``.
+:mod:`.packing`), and each distinct commit once, keyed by ``(step, rank)``.
 
 Strictly prepared, the first wrong item raises its 4xx error. Prepared ``partial``,
 a wrong fragment or commit is left out and kept as a :class:`Rejection` (with the
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from steptally.client.algebra import Kind
 from steptally.client.wire import FragmentBatch, f64_to_le_bytes
-from steptally.service.domain import cells
+from steptally.service.domain import packing
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import (
     CommitConflict,
@@ -52,7 +52,7 @@ class Rejection:
 
 @dataclass(slots=True)
 class PreparedBatch:
-    fragments: dict[FragmentKey, cells.Cell] = field(default_factory=dict)
+    fragments: dict[FragmentKey, packing.Cell] = field(default_factory=dict)
     commits: dict[CommitKey, int] = field(default_factory=dict)
     columnar: bool = False
     rejected: list[Rejection] = field(default_factory=list)
@@ -245,7 +245,7 @@ def _pack_fragments(
         if i in skip:
             continue
         if fast and i not in tailed:
-            cell: cells.Cell = (raw[8 * m * i : 8 * m * (i + 1)], None, None)
+            cell: packing.Cell = (raw[8 * m * i : 8 * m * (i + 1)], None, None)
         else:
             cell = _pack_row(batch, i, order, width)
         known = out.fragments.setdefault(key, cell)
@@ -263,7 +263,7 @@ def _pack_fragments(
             )
 
 
-def _pack_row(batch: FragmentBatch, i: int, order: list[int], width: int) -> cells.Cell:
+def _pack_row(batch: FragmentBatch, i: int, order: list[int], width: int) -> packing.Cell:
     m = len(batch.metrics)
     values = [0.0] * width
     mask = bytearray(width)
@@ -277,4 +277,4 @@ def _pack_row(batch: FragmentBatch, i: int, order: list[int], width: int) -> cel
             tail = batch.tails.get(i * m + j)
             if tail:
                 tails[col] = tail
-    return cells.pack(values, mask, tails)
+    return packing.pack(values, mask, tails)

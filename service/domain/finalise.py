@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from steptally.client.algebra import MetricResult, StepAccumulator
 from steptally.client.wire import encode_number
-from steptally.service.domain import cells
+from steptally.service.domain import packing
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 
@@ -75,20 +75,20 @@ def metric_json(result: MetricResult) -> MetricJson:
     return out
 
 
-def combine(run: RunRecord, fragments: Sequence[cells.Cell]) -> dict[str, MetricResult]:
+def combine(run: RunRecord, fragments: Sequence[packing.Cell]) -> dict[str, MetricResult]:
     """Every metric and derived value of the run over ``fragments``, each rounded once."""
     acc = StepAccumulator(run.spec)
     index = {name: j for j, name in enumerate(run.columns)}
     guards = {index[m]: index[g] for m, g in run.spec.guards.items()}
-    table = cells.columns(fragments, len(run.columns), guards)
-    tails = cells.tail_columns(fragments, len(run.columns))
+    table = packing.columns(fragments, len(run.columns), guards)
+    tails = packing.tail_columns(fragments, len(run.columns))
     for name, column, tail in zip(run.columns, table, tails, strict=True):
         acc.add_column(name, column, tail)
     return acc.report()
 
 
 def evaluate(
-    run: RunRecord, progress: Progress, fragments: Sequence[cells.Cell], status: StepStatus
+    run: RunRecord, progress: Progress, fragments: Sequence[packing.Cell], status: StepStatus
 ) -> StepResult:
     """The result of a step with ``status``, from all of its stored fragments."""
     report = combine(run, fragments)

@@ -1,5 +1,6 @@
-"""A registered run as the service sees it: its spec and its metric columns; and what
-``/metrics`` shows of it (:class:`RunSnapshot`)."""
+"""A registered run as the service sees it: its spec and its metric columns; what a
+registration wants it to be (:class:`RunDraft`); its steps at a glance
+(:class:`RunSummary`); and what ``/metrics`` shows of it (:class:`RunSnapshot`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,25 @@ class RunRecord:
         """The column of every metric and derived value (derived ones negative)."""
         derived = {name: -1 - i for i, name in enumerate(self.derived_columns)}
         return {**self.column_of, **derived}
+
+
+@dataclass(frozen=True, slots=True)
+class RunDraft:
+    """What a registration wants a run to be; the store assigns id, columns and time."""
+
+    world_size: int
+    spec: MetricSpec
+    step_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run: RunRecord
+    last_finalised_step: int | None
+    open: int
+    complete: int
+    partial: int
+    last_finalised_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

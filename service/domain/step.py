@@ -28,7 +28,7 @@ import orjson
 
 from steptally.service.domain import finalise as evaluation
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
-from steptally.service.domain.cells import Cell
+from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus, is_complete
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from steptally.service.store.base import FinalisedStep, IngestOutcome
+from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 
 FINALISE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 REQUEST_BUCKETS = (0.0005, *FINALISE_BUCKETS)

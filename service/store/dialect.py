@@ -32,7 +32,7 @@ from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.dialects import sqlite
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
-from steptally.service.domain.cells import Cell
+from steptally.service.domain.packing import Cell
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Probe, StepState
 from steptally.service.store import sql_series

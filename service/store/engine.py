@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
 
 _WRITE = "steptally_write"
 
@@ -36,7 +37,7 @@ class DatabaseLimits:
 def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
     """An engine for ``url``; SQLite gets its pragmas and explicit transactions."""
     limits = limits or DatabaseLimits()
-    if url.startswith("sqlite"):
+    if make_url(url).get_backend_name() == "sqlite":
         engine = create_engine(
             url, connect_args={"check_same_thread": False}, pool_timeout=limits.pool_timeout_s
         )

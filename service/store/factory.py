@@ -1,4 +1,4 @@
-"""The one place that turns settings into a :class:`~steptally.service.store.base.Store`.
+"""The one place that turns settings into a :class:`~steptally.service.store.protocol.Store`.
 
 ``create_app(settings)`` calls :func:`open_store` unless it is handed a store; tests
 and tools that want the storage alone call it too, so every configuration is built
@@ -18,7 +18,7 @@ from steptally.service.coordination.keys import RedisKeys
 from steptally.service.coordination.schedule import DeadlineSchedule
 from steptally.service.coordination.store import CoordinatedStore
 from steptally.service.settings import Settings, database_limits
-from steptally.service.store.base import Store
+from steptally.service.store.protocol import Store
 from steptally.service.store.sql import SqlStore
 
 

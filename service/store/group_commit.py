@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
-from steptally.service.store.base import IngestOutcome
+from steptally.service.store.protocol import IngestOutcome
 
 
 @dataclass(slots=True, eq=False)

@@ -2,7 +2,7 @@
 
 Timestamps are Unix seconds (float64), identical on SQLite and PostgreSQL. A
 fragment is one row: its values are one blob of little-endian float64 over the
-run's metric columns (``metrics.col``), see :mod:`steptally.service.domain.cells`.
+run's metric columns (``metrics.col``), see :mod:`steptally.service.domain.packing`.
 A finalised step's values are also kept one row per metric (``step_values``), for
 series and for SQL readers such as Grafana.
 """

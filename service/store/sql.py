@@ -23,21 +23,20 @@ from sqlalchemy.exc import IntegrityError
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord, RunSnapshot
+from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.domain.step import is_due
 from steptally.service.store import sql_ingest, sql_query
-from steptally.service.store.base import (
-    Decide,
-    FinalisedStep,
-    IngestOutcome,
-    RunSummary,
-    SeriesRows,
-    StepRecord,
-)
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
 from steptally.service.store.group_commit import GroupCommit, Pending
-from steptally.service.store.schema import check_current
+from steptally.service.store.migration import check_current
+from steptally.service.store.protocol import (
+    Decide,
+    FinalisedStep,
+    IngestOutcome,
+    SeriesRows,
+    StepRecord,
+)
 from steptally.service.store.sql_run import load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
@@ -45,7 +44,7 @@ from steptally.service.store.sql_step import finalise_row, lock_step, write_step
 
 
 class SqlStore:
-    """:class:`~steptally.service.store.base.Store` over one SQLAlchemy engine."""
+    """:class:`~steptally.service.store.protocol.Store` over one SQLAlchemy engine."""
 
     def __init__(
         self,

@@ -24,8 +24,8 @@ from steptally.service.domain import step as rules
 from steptally.service.domain.batch import FragmentKey, PreparedBatch
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import StepState
-from steptally.service.store.base import FinalisedStep, IngestOutcome
 from steptally.service.store.dialect import Dialect
+from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
 from steptally.service.store.sql_step import finalise_row
 

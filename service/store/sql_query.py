@@ -11,8 +11,8 @@ from sqlalchemy import Connection, Row, func, select, tuple_
 
 from steptally.service.domain.finalise import StepResult, shown_value
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord, RunSnapshot
-from steptally.service.store.base import RunSummary, StepRecord
+from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
+from steptally.service.store.protocol import StepRecord
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import load_live
 

@@ -14,8 +14,7 @@ import orjson
 from sqlalchemy import Connection, Row, Select, Table, func, insert, select, update
 
 from steptally.client.algebra import MetricSpec
-from steptally.service.domain.run import RunRecord
-from steptally.service.store.base import RunDraft
+from steptally.service.domain.run import RunDraft, RunRecord
 from steptally.service.store.models import Metric, Run
 
 RUNS: Table = Run.__table__  # type: ignore[assignment]

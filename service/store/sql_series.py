@@ -22,8 +22,8 @@ from sqlalchemy import Connection, and_, func, select, text
 
 from steptally.service.domain.finalise import ValueState
 from steptally.service.domain.progress import StepStatus
-from steptally.service.store.base import SeriesRows
 from steptally.service.store.models import ODD, REVISED
+from steptally.service.store.protocol import SeriesRows
 from steptally.service.store.sql_statement import STEP_VALUES, STEPS
 
 SV = STEP_VALUES.c

@@ -18,12 +18,12 @@ from typing import Any
 from sqlalchemy import Connection, Select, select
 
 from steptally.service.domain import step as step_rules
-from steptally.service.domain.cells import Cell
 from steptally.service.domain.finalise import StoredValue
+from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import StepState, opened
-from steptally.service.store.base import FinalisedStep, StepRecord
+from steptally.service.store.protocol import FinalisedStep, StepRecord
 from steptally.service.store.sql_statement import (
     COMMITS,
     FRAGMENTS,

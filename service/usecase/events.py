@@ -1,6 +1,6 @@
 """Finalisation events: an in-process hub from the finalising threads to event streams.
 
-The :class:`~steptally.service.usecase.service.Service` publishes one
+The :class:`~steptally.service.usecase.facade.Service` publishes one
 :class:`StepEvent` per finalisation (each step and each revision) once its
 transaction has committed, from whatever thread ingested or swept; each open stream
 holds a :class:`Subscription`, an asyncio queue on the stream's event loop, fed

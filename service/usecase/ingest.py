@@ -32,8 +32,8 @@ from steptally.service.errors import (
     UnknownMetric,
 )
 from steptally.service.metrics.instruments import Telemetry
-from steptally.service.store.base import FinalisedStep, IngestOutcome, Store
-from steptally.service.usecase.run_registry import RunDirectory
+from steptally.service.store.protocol import FinalisedStep, IngestOutcome, Store
+from steptally.service.usecase.registration import RunDirectory
 
 
 class Ingest:

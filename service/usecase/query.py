@@ -16,9 +16,9 @@ from steptally.client.wire import encode_number
 from steptally.service.domain.finalise import StepResult, ValueState, evaluate
 from steptally.service.domain.limits import MAX_INT, brief
 from steptally.service.domain.progress import StepStatus
-from steptally.service.domain.run import RunRecord, is_run_name
+from steptally.service.domain.run import RunRecord, RunSummary, is_run_name
 from steptally.service.errors import InvalidPayload, UnknownMetric, UnknownRun, UnknownStep
-from steptally.service.store.base import RunSummary, StepRecord, Store
+from steptally.service.store.protocol import StepRecord, Store
 
 MAX_PAGE = 1000
 MAX_SERIES = 100_000  # a series without ``points`` is downsampled past this many steps

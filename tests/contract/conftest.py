@@ -19,9 +19,9 @@ import redis
 import sqlalchemy as sa
 
 from steptally.service.settings import Settings
-from steptally.service.store.base import Store
 from steptally.service.store.factory import open_store
-from steptally.service.store.schema import upgrade
+from steptally.service.store.migration import upgrade
+from steptally.service.store.protocol import Store
 from tests.support.redis_server import SHARED_REDIS, delete_prefix, private_prefix
 
 TABLES = ("step_values", "fragments", "commits", "steps", "metrics", "runs")

@@ -14,12 +14,11 @@ from steptally.service.coordination.store import CoordinatedStore
 from steptally.service.domain.batch import PreparedBatch, prepare
 from steptally.service.domain.finalise import ValueState
 from steptally.service.domain.progress import Progress, StepStatus
-from steptally.service.domain.run import RunRecord, RunSnapshot
+from steptally.service.domain.run import RunDraft, RunRecord, RunSnapshot
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
 from steptally.service.settings import Settings
-from steptally.service.store.base import (
+from steptally.service.store.protocol import (
     FinalisedStep,
-    RunDraft,
     SeriesRows,
     Store,
 )

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from steptally.service.store.schema import upgrade
+from steptally.service.store.migration import upgrade
 
 TABLES = ("step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
 

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from steptally.service.api import docs, events, fragments, health, metrics, runs, schemas, steps
+from steptally.service.api import docs, events, fragments, health, runs, schemas, steps
 
 Api = Any  # the `api` fixture of conftest.py
 
@@ -31,7 +31,7 @@ ERRORS = {
 def _json_routes() -> list[tuple[str, str]]:
     """(method, path) of every route of the API's routers that the schema shows."""
     out = []
-    for module in (runs, fragments, steps, events, health, metrics, docs):
+    for module in (runs, fragments, steps, events, health, docs):
         for route in module.router.routes:
             if isinstance(route, APIRoute) and route.include_in_schema:
                 out += [(m, route.path) for m in sorted(route.methods)]

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from steptally.service.coordination.keys import RedisKeys
 from steptally.service.coordination.schedule import DeadlineSchedule, Due
-from steptally.service.store.base import FinalisedStep
+from steptally.service.store.protocol import FinalisedStep
 from tests.integration.conftest import Api, AppFactory, Clock
 from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
 from tests.support.served import free_port

@@ -164,7 +164,7 @@ def test_series_of_unknown_things(api: Api) -> None:
 def test_migration_fills_values_of_steps_finalised_before_it(tmp_path: Any) -> None:
     from alembic import command
 
-    from steptally.service.store.schema import alembic_config
+    from steptally.service.store.migration import alembic_config
 
     url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
     command.upgrade(alembic_config(url), "0001")

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from steptally.service.app import create_app
 from steptally.service.errors import NotMigrated
 from steptally.service.settings import Settings
+from steptally.service.store.migration import upgrade
 from steptally.service.store.models import Base
-from steptally.service.store.schema import upgrade
 
 
 def test_migrations_match_the_models(db_url: str) -> None:

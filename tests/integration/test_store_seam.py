@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from steptally.service.app import create_app
 from steptally.service.errors import NotMigrated
 from steptally.service.settings import Settings
-from steptally.service.store.base import Store
 from steptally.service.store.factory import open_store
+from steptally.service.store.protocol import Store
 from steptally.service.store.sql import SqlStore
 
 

@@ -1,19 +1,31 @@
-"""The service facade the routers and the sweeper use: one per app, on ``app.state.service``."""
+"""The service facade the routers and the sweeper use: one per app, on ``app.state.service``.
+
+The sweeper (:func:`sweep_forever`) finalises overdue open steps as partial,
+periodically: it runs as an asyncio task in the app's lifespan and does its database
+work in the thread pool. Several instances may sweep one database: the store's row
+lock makes each finalisation happen once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from steptally.service.auth.grant import Grant
 from steptally.service.domain.run import RunRecord
 from steptally.service.metrics.instruments import Telemetry
-from steptally.service.store.base import FinalisedStep, StepRecord, Store
+from steptally.service.store.protocol import FinalisedStep, StepRecord, Store
 from steptally.service.usecase import query
 from steptally.service.usecase.events import EventCursor, EventHub, EventPublisher, StepEvent
 from steptally.service.usecase.ingest import Ingest
-from steptally.service.usecase.run_registry import RunDirectory, RunRequest, register
+from steptally.service.usecase.registration import RunDirectory, RunRequest, register
+
+log = logging.getLogger(__name__)
 
 
 class Service:
@@ -125,3 +137,13 @@ def _event(run: RunRecord, record: StepRecord) -> StepEvent:
     assert record.finalised_at is not None
     cursor = EventCursor(record.finalised_at, record.step, record.revision)
     return StepEvent(cursor, query.step_json(run, record))
+
+
+async def sweep_forever(service: Service, interval_s: float) -> None:
+    """Sweep every ``interval_s`` seconds until cancelled; errors are logged, not fatal."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await run_in_threadpool(service.sweep)
+        except Exception:  # a database hiccup must not stop the sweeper for good
+            log.exception("sweeping overdue steps failed; retrying in %.1fs", interval_s)

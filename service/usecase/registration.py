@@ -17,9 +17,9 @@ from typing import Any
 from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
 from steptally.service.auth.grant import Grant
 from steptally.service.domain.limits import RunLimits, brief
-from steptally.service.domain.run import RunRecord, is_run_name
+from steptally.service.domain.run import RunDraft, RunRecord, is_run_name
 from steptally.service.errors import InvalidSpec, SpecConflictError, UnknownRun
-from steptally.service.store.base import RunDraft, Store
+from steptally.service.store.protocol import Store
 
 
 @dataclass(frozen=True)

@@ -19,31 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from steptally.client.algebra import MetricSpec
 from steptally.service.domain.batch import PreparedBatch
-from steptally.service.domain.cells import Cell
 from steptally.service.domain.finalise import StepResult, ValueState
+from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
-from steptally.service.domain.run import RunRecord, RunSnapshot
-
-
-@dataclass(frozen=True, slots=True)
-class RunDraft:
-    """What a registration wants a run to be; the store assigns id, columns and time."""
-
-    world_size: int
-    spec: MetricSpec
-    step_timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    run: RunRecord
-    last_finalised_step: int | None
-    open: int
-    complete: int
-    partial: int
-    last_finalised_at: float | None = None
+from steptally.service.domain.run import RunDraft, RunRecord, RunSnapshot, RunSummary
 
 
 @dataclass(frozen=True, slots=True)
