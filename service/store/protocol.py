@@ -50,7 +50,9 @@ class IngestOutcome:
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """A step as stored. ``result`` is None while open; an open step read with
-    ``live=True`` carries its ``progress`` and ``fragments`` to evaluate on the fly."""
+    ``live=True`` carries its ``progress`` and ``fragments`` to evaluate on the fly.
+    ``counters`` are the stored ``(ranks committed, fragments expected)``, which a
+    copy of the step's progress kept elsewhere (Redis) must agree with to be used."""
 
     step: int
     status: StepStatus
@@ -60,6 +62,7 @@ class StepRecord:
     result: StepResult | None
     progress: Progress | None = None
     fragments: Sequence[Cell] = ()
+    counters: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,15 @@ _FINAL = (StepStatus.COMPLETE.value, StepStatus.PARTIAL.value)
 def _record(conn: Connection, run: RunRecord, row: Row[Any], live: bool) -> StepRecord:
     status = StepStatus(row.status)
     result = None if row.result is None else StepResult.from_json(orjson.loads(row.result))
-    record = StepRecord(row.step, status, row.revision, row.first_seen_at, row.finalised_at, result)
+    record = StepRecord(
+        row.step,
+        status,
+        row.revision,
+        row.first_seen_at,
+        row.finalised_at,
+        result,
+        counters=(row.committed_ranks, row.expected),
+    )
     if live and status is StepStatus.OPEN:
         progress, cells = load_live(conn, run, row.step)
         record = replace(record, progress=progress, fragments=cells)
