@@ -5,6 +5,10 @@ as ``path.run`` or ``query.start``) and documented in OpenAPI.
 A run name in a path must match the contract's pattern in full (no trailing newline,
 NUL, leading space or non-ASCII: nothing the database could choke on); steps and
 step bounds are integers from 0 to 2**63 - 1.
+
+The app's objects are read by ``async`` functions: FastAPI runs a plain ``def``
+dependency in the thread pool, a hand-off to a worker thread and back for every one
+of them on every request.
 """
 
 from __future__ import annotations
@@ -25,17 +29,17 @@ StepNumber = Annotated[int, Path(ge=0, le=MAX_INT)]
 StepBound = Annotated[int | None, Query(ge=0, le=MAX_INT)]
 
 
-def _service(request: Request) -> Service:
+async def _service(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def _grant(request: Request) -> Grant:
+async def _grant(request: Request) -> Grant:
     """What the caller may register (set by the auth guard; anything when auth is off)."""
     grant: Grant = getattr(request.state, "grant", Grant.ANY)
     return grant

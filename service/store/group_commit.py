@@ -12,6 +12,11 @@ rollback to a savepoint), every batch of the group fails. The leader keeps leadi
 until its own batch is done; then the next waiter in line takes over.
 
 A batch never waits for a timer: a lone batch is a group of one and runs as before.
+
+Each waiter sleeps on a condition of its own (over the queue's one lock), so a group's
+end wakes only the requests of that group and the next leader, not every waiter: with
+a busy queue, waking all of them to find their batch not yet done cost each request a
+few thread switches.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Pending:
     batch: PreparedBatch
     now: float
     size: int
+    wake: threading.Condition
     outcome: IngestOutcome | None = None
     error: BaseException | None = None
     done: bool = False
@@ -60,21 +66,21 @@ class GroupCommit:
         self._run_group = run_group
         self._max_batches = max_batches
         self._max_bytes = max_bytes
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: deque[Pending] = deque()
         self._leading = False
 
     def queued(self) -> int:
         """How many batches wait for a transaction (not counting a group in progress)."""
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
-        item = Pending(run, batch, now, batch_bytes(batch))
-        with self._cond:
+        item = Pending(run, batch, now, batch_bytes(batch), threading.Condition(self._lock))
+        with self._lock:
             self._queue.append(item)
             while self._leading and not item.done:
-                self._cond.wait()
+                item.wake.wait()
             lead = not item.done
             if lead:
                 self._leading = True
@@ -83,16 +89,17 @@ class GroupCommit:
                 while not item.done:
                     self._one_group()
             finally:
-                with self._cond:
+                with self._lock:
                     self._leading = False
-                    self._cond.notify_all()
+                    if self._queue:  # the next in line leads
+                        self._queue[0].wake.notify()
         if item.error is not None:
             raise item.error
         assert item.outcome is not None
         return item.outcome
 
     def _one_group(self) -> None:
-        with self._cond:
+        with self._lock:
             group = [self._queue.popleft()]
             size = group[0].size
             while (
@@ -108,9 +115,9 @@ class GroupCommit:
             for p in group:
                 p.outcome, p.error = None, exc
         finally:
-            with self._cond:
+            with self._lock:
                 for p in group:
                     if p.outcome is None and p.error is None:
                         p.error = RuntimeError("the group's transaction did not finish")
                     p.done = True
-                self._cond.notify_all()
+                    p.wake.notify()
