@@ -98,18 +98,39 @@ class DeadlineSchedule:
         if mapping:
             self._redis.zadd(self._keys.deadlines, mapping, nx=True)
 
+    @property
+    def client(self) -> redis.Redis:
+        """The client, for others' keys in the same round trips (:mod:`.progress`)."""
+        return self._redis
+
+    @property
+    def keys(self) -> RedisKeys:
+        return self._keys
+
+    def pipeline(self) -> redis.client.Pipeline:
+        return self._redis.pipeline(transaction=False)
+
     def update(
         self, add: Sequence[tuple[int, int, float]], remove: Sequence[tuple[int, int]]
     ) -> None:
         """:meth:`add` and :meth:`remove` in one round trip."""
         if not add and not remove:
             return
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self.pipeline()
+        self.queue_update(pipe, add, remove)
+        pipe.execute()
+
+    def queue_update(
+        self,
+        pipe: redis.client.Pipeline,
+        add: Sequence[tuple[int, int, float]],
+        remove: Sequence[tuple[int, int]],
+    ) -> None:
+        """Queue :meth:`update` on ``pipe``."""
         if add:
             pipe.zadd(self._keys.deadlines, {member(r, s): d for r, s, d in add}, nx=True)
         if remove:
             pipe.zrem(self._keys.deadlines, *(member(r, s) for r, s in remove))
-        pipe.execute()
 
     def reschedule(self, run_id: int, step: int, deadline: float) -> None:
         """Set a step's deadline to what the database says it is."""

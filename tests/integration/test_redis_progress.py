@@ -1,0 +1,256 @@
+"""Open steps' commit progress in Redis (``STEPTALLY_REDIS_URL``): which ranks committed
+and what each declared, recorded after each committed ingest and read instead of the
+database's commits when it agrees with the step row; rebuilt after a wipe, ignored
+while Redis is away, deleted when the step is finalised, and never part of a
+finalised result."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi import FastAPI
+
+from steptally.service.coordination import store as coordinated
+from steptally.service.coordination.keys import RedisKeys
+from steptally.service.coordination.progress import ProgressBoard, decode
+from steptally.service.domain.run import RunRecord
+from steptally.service.usecase.query import step_json
+from tests.integration.conftest import Api, AppFactory, Clock
+from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
+
+pytestmark = pytest.mark.redis
+
+TIMEOUT_S = 10.0
+WORLD = 4
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = private_prefix()
+    yield name
+    delete_prefix(SHARED_REDIS, name)
+
+
+@pytest.fixture
+def shared() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(SHARED_REDIS)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps whose commits a read took from the database, not from Redis."""
+    seen: list[int] = []
+    original = coordinated.step_live
+
+    def counted(engine: Any, run: RunRecord, step: int) -> Any:
+        seen.append(step)
+        return original(engine, run, step)
+
+    monkeypatch.setattr(coordinated, "step_live", counted)
+    return seen
+
+
+def _started(make_client: AppFactory, url: str, prefix: str) -> tuple[FastAPI, Api]:
+    app, client = make_client(redis_url=url, redis_prefix=prefix)
+    api = Api(client)
+    assert api.register(world_size=WORLD, step_timeout_s=TIMEOUT_S).status_code in (200, 201)
+    return app, api
+
+
+def _run(app: FastAPI) -> RunRecord:
+    run: RunRecord = app.state.service.runs.get("r")
+    return run
+
+
+def _send(api: Api, step: int, rank: int, seqs: range, commit: int | None = None) -> Any:
+    fragments = [(step, rank, q, {"a": 0.25 * (rank + 1) + q, "n": 1}) for q in seqs]
+    commits = [] if commit is None else [(step, rank, commit)]
+    answer = api.send(fragments, commits)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _database_view(app: FastAPI, step: int) -> dict[str, Any]:
+    """The step as the SQL store alone reads it (commits from the database)."""
+    run = _run(app)
+    record = app.state.store.sql.get_step(run, step)
+    assert record is not None
+    return step_json(run, record)
+
+
+def _held(client: redis.Redis, prefix: str, run_id: int, step: int) -> dict[int, int]:
+    return ProgressBoard(client, RedisKeys(prefix)).read(run_id, [step])[step]
+
+
+def _keys(client: redis.Redis, prefix: str, run_id: int, step: int) -> int:
+    keys = RedisKeys(prefix)
+    return int(
+        client.exists(keys.progress_ranks(run_id, step), keys.progress_declared(run_id, step))
+    )
+
+
+def _mixed_ingest(a: Api, b: Api) -> None:
+    """Step 0: ranks 0 and 1 commit through replica a, rank 2 through b (with a retry
+    of rank 0's body there), rank 3 sends a fragment only. Step 1: fragments, no commit.
+    Step 2: every rank commits, through either replica: complete."""
+    _send(a, 0, 0, range(3), commit=3)
+    _send(a, 0, 1, range(2))
+    _send(b, 0, 1, range(0), commit=2)  # a commit alone, the fragments came before
+    _send(b, 0, 2, range(1), commit=1)
+    assert _send(b, 0, 0, range(3), commit=3)["duplicates"] == 3  # a retry elsewhere
+    _send(a, 0, 3, range(1))
+    _send(b, 1, 2, range(2))
+    for rank in range(WORLD):
+        _send(a if rank % 2 else b, 2, rank, range(2), commit=2)
+
+
+def test_progress_matches_the_database_after_a_mixed_ingest_across_two_replicas(
+    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+) -> None:
+    app_a, a = _started(make_client, SHARED_REDIS, prefix)
+    app_b, b = _started(make_client, SHARED_REDIS, prefix)
+    _mixed_ingest(a, b)
+    run_id = _run(app_a).id
+    assert _held(shared, prefix, run_id, 0) == {0: 3, 1: 2, 2: 1}
+    raw = shared.get(RedisKeys(prefix).progress_ranks(run_id, 0))
+    assert raw == b"\xe0"  # bits 0, 1 and 2: one byte for the three ranks
+    assert _held(shared, prefix, run_id, 1) == {}
+    assert _keys(shared, prefix, run_id, 1) == 0  # fragments alone write nothing
+    assert _keys(shared, prefix, run_id, 2) == 0  # completed: its keys are gone
+    for api in (a, b):
+        for step in (0, 1):
+            body = api.step(step)
+            assert body == _database_view(app_a, step)
+    body = a.step(0)
+    assert (body["status"], body["ranks_committed"], body["ranks_missing"]) == (
+        "open",
+        [0, 1, 2],
+        [3],
+    )
+    assert body["fragments"] == {"received": 7, "expected": None}
+    assert body["missing_fragments"] == {}
+    assert body["metrics"]["a"]["value"] == 0.25 + 1.25 + 2.25 + 0.5 + 1.5 + 0.75 + 1.0
+    assert fallbacks == []  # every open step was read with its commits from Redis
+    page = b.client.get("/v1/runs/r/steps").json()["steps"]
+    assert page == [_database_view(app_b, s) for s in range(3)]
+    assert [s["status"] for s in page] == ["open", "open", "complete"]
+    assert fallbacks == []
+
+
+def test_a_wiped_redis_is_read_around_then_rebuilt_from_the_database(
+    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+) -> None:
+    app, api = _started(make_client, SHARED_REDIS, prefix)
+    assert app.state.service.sweep() == []  # builds the (empty) schedule
+    _send(api, 0, 0, range(2), commit=2)
+    _send(api, 0, 1, range(1), commit=1)
+    run_id = _run(app).id
+    delete_prefix(SHARED_REDIS, prefix)  # the wipe
+    assert api.step(0) == _database_view(app, 0)
+    assert fallbacks == [0]  # nothing in Redis, the row says two commits
+    _send(api, 0, 2, range(1), commit=1)  # Redis now holds rank 2 alone
+    assert _held(shared, prefix, run_id, 0) == {2: 1}
+    body = api.step(0)
+    assert body == _database_view(app, 0)
+    assert (body["ranks_committed"], body["ranks_missing"]) == ([0, 1, 2], [3])
+    assert fallbacks == [0, 0]
+    assert app.state.service.sweep() == []  # the built marker is gone: rebuild
+    assert _held(shared, prefix, run_id, 0) == {0: 2, 1: 1, 2: 1}
+    assert api.step(0) == _database_view(app, 0)
+    assert fallbacks == [0, 0]  # Redis agrees again
+
+
+def test_a_wrong_value_in_redis_is_never_shown_nor_finalised(
+    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+) -> None:
+    app, api = _started(make_client, SHARED_REDIS, prefix)
+    _send(api, 0, 0, range(1), commit=1)
+    run_id = _run(app).id
+    keys = RedisKeys(prefix)
+    shared.setbit(keys.progress_ranks(run_id, 0), 3, 1)  # a rank that never committed
+    body = api.step(0)
+    assert body == _database_view(app, 0)
+    assert body["ranks_committed"] == [0]
+    assert fallbacks == [0]
+    for rank in (1, 2, 3):
+        _send(api, 0, rank, range(1), commit=1)
+    body = api.step(0)
+    assert (body["status"], body["revision"], body["ranks_committed"]) == (
+        "complete",
+        1,
+        [0, 1, 2, 3],
+    )
+    assert body["metrics"]["a"]["value"] == 0.25 + 0.5 + 0.75 + 1.0
+    assert body["metrics"]["n"]["value"] == 4
+    assert _keys(shared, prefix, run_id, 0) == 0
+
+
+def test_redis_away_steps_are_read_from_the_database(
+    make_client: AppFactory, clock: Clock, tmp_path: Path, fallbacks: list[int]
+) -> None:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        app, api = _started(make_client, server.url, "steptally")
+        assert app.state.service.sweep() == []
+        _send(api, 0, 0, range(2), commit=2)
+        _send(api, 1, 1, range(1), commit=1)
+        before = [api.step(s) for s in (0, 1)]
+        assert fallbacks == []
+        server.stop(signal.SIGKILL)
+        started = time.perf_counter()
+        assert [api.step(s) for s in (0, 1)] == before
+        answer = api.client.get("/v1/runs/r/steps")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["steps"] == before
+        _send(api, 0, 2, range(1), commit=1)  # acknowledged while Redis is away
+        assert api.step(0)["ranks_committed"] == [0, 2]
+        assert time.perf_counter() - started < 3.0  # one timeout at most, then no waits
+        server.start()  # back, empty: the next sweep rebuilds what it lost
+        assert app.state.service.sweep() == []
+        with server.client() as client:
+            assert _held(client, "steptally", _run(app).id, 0) == {0: 2, 2: 1}
+        fallbacks.clear()
+        assert api.step(0) == _database_view(app, 0)
+        assert fallbacks == []
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_finalised_steps_leave_no_keys(
+    make_client: AppFactory, clock: Clock, prefix: str, shared: redis.Redis
+) -> None:
+    app, api = _started(make_client, SHARED_REDIS, prefix)
+    assert app.state.service.sweep() == []
+    for step in range(3):
+        _send(api, step, 0, range(1), commit=1)
+    run_id = _run(app).id
+    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [2, 2, 2]
+    for rank in range(1, WORLD):
+        _send(api, 1, rank, range(1), commit=1)  # completes step 1
+    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [2, 0, 2]
+    clock.now += TIMEOUT_S + 1
+    done = app.state.service.sweep()
+    assert sorted((f.step, f.status.value) for f in done) == [(0, "partial"), (2, "partial")]
+    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [0, 0, 0]
+    ttl = shared.ttl(RedisKeys(prefix).progress_ranks(run_id, 5))
+    assert ttl == -2  # never written
+    _send(api, 5, 0, range(1), commit=1)
+    ttl = shared.ttl(RedisKeys(prefix).progress_ranks(run_id, 5))
+    assert TIMEOUT_S + 3600 - 5 <= ttl <= TIMEOUT_S + 3600
+
+
+def test_decode_reads_bits_from_the_top_of_each_byte() -> None:
+    declared = bytes(8 * 9)
+    declared = declared[:64] + (7).to_bytes(8, "big")  # rank 8 declared 7
+    assert decode(b"\x80\x80", declared) == {0: 0, 8: 7}
+    assert decode(None, None) == {}
+    assert decode(b"\x01", b"") == {7: 0}  # a bit without its count yet reads 0
