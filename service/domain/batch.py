@@ -14,7 +14,7 @@ store refused, named by the ``where`` of the store's error.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from steptally.client.algebra import Kind
@@ -63,6 +63,10 @@ class PreparedBatch:
     def steps(self) -> list[int]:
         return sorted({k[0] for k in self.fragments} | {k[0] for k in self.commits})
 
+    def pairs(self) -> set[CommitKey]:
+        """The (step, rank) pairs the batch's fragments and commits belong to."""
+        return {k[:2] for k in self.fragments} | set(self.commits)
+
     def __bool__(self) -> bool:
         return bool(self.fragments or self.commits)
 
@@ -91,6 +95,22 @@ class PreparedBatch:
             return False
         self.rejected.append(_rejection(error, *fkey))
         return True
+
+
+def merge(batches: Sequence[PreparedBatch]) -> PreparedBatch | None:
+    """One batch holding every fragment and commit of ``batches``, when no two of them
+    share a (step, rank) pair (then nothing one of them stores is read by the rules of
+    another); None when two do."""
+    out = PreparedBatch()
+    seen: set[CommitKey] = set()
+    for batch in batches:
+        pairs = batch.pairs()
+        if not pairs.isdisjoint(seen):
+            return None
+        seen |= pairs
+        out.fragments.update(batch.fragments)
+        out.commits.update(batch.commits)
+    return out
 
 
 def _rejection(error: ServiceError, step: int, rank: int, seq: int | None) -> Rejection:

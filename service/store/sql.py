@@ -9,8 +9,12 @@ on a lock of their own and take turns at once, instead of polling SQLite's busy
 handler (which sleeps for milliseconds). Other processes still meet the busy timeout.
 
 Ingests are group-committed (:mod:`.group_commit`): batches that arrive while a
-transaction is in progress share the next one, each in its own savepoint, so one
-``COMMIT`` makes a whole group durable. ``group_max_batches=1`` turns this off.
+transaction is in progress share the next one, so one ``COMMIT`` makes a whole group
+durable. A group of one run whose batches touch different (step, rank) pairs (the
+reporter's shape: one body per rank) runs as one batch's statements
+(:func:`.sql_ingest.ingest_merged`); any other group, or one where that would change
+an answer, runs each batch in its own savepoint. ``group_max_batches=1`` turns
+grouping off.
 """
 
 from __future__ import annotations
@@ -142,6 +146,8 @@ class SqlStore:
             except Exception as exc:
                 p.error = exc
             return
+        if len({p.run.id for p in group}) == 1 and self._ingest_merged(group):
+            return
         with self._write() as conn:
             locked = self.dialect.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
             for p in group:
@@ -153,6 +159,21 @@ class SqlStore:
                     p.error = exc
             if locked:
                 self._drop_unused_steps(conn, group)
+
+    def _ingest_merged(self, group: list[Pending]) -> bool:
+        """Store a group of one run with one batch's statements (:func:`.sql_ingest.ingest_merged`);
+        False, with nothing stored, when it has to go one savepoint per batch."""
+        run = group[0].run
+        try:
+            with self._write() as conn:
+                outcomes = sql_ingest.ingest_merged(
+                    conn, self.dialect, run, [(p.batch, p.now) for p in group], _reloader(conn, run)
+                )
+        except Exception:  # NotMerged, or a batch the database refused: one by one
+            return False
+        for p, outcome in zip(group, outcomes, strict=True):
+            p.outcome = outcome
+        return True
 
     def _drop_unused_steps(self, conn: Connection, group: list[Pending]) -> None:
         """The rows the dialect's ``lock_group`` created only for failed batches."""

@@ -12,6 +12,14 @@ finalisation. Any error raises and rolls everything back.
 The probe and the final write are the only dialect-specific parts: the store's
 :class:`~steptally.service.store.dialect.Dialect` runs them (PostgreSQL pipelines
 them), and this module only fetches and writes around the rules.
+
+A group of batches (:mod:`.group_commit`) of one run whose (step, rank) pairs are
+disjoint is stored by :func:`ingest_merged` with the statements of ONE batch: one
+probe for all of them, then the rules of each batch in turn, in arrival order, over
+what the probe found for its own keys, exactly as if each had run alone after the
+ones before it. That holds while no batch's step is finalised before a later batch of
+the group touches it; then, or when any batch breaks a rule, it raises
+:class:`NotMerged` and the group is stored again one savepoint per batch.
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ from collections.abc import Callable, Iterable, Iterator
 from sqlalchemy import Connection
 
 from steptally.service.domain import step as rules
-from steptally.service.domain.batch import FragmentKey, PreparedBatch
+from steptally.service.domain.batch import FragmentKey, PreparedBatch, merge
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import StepState
+from steptally.service.domain.step import Probe, StepState
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
@@ -84,6 +92,71 @@ def _ingest(
         commits=len(found.new_commits),
         finalised=finalised,
     )
+
+
+class NotMerged(Exception):
+    """The group cannot be stored as one batch: store it one savepoint per batch."""
+
+
+def ingest_merged(
+    conn: Connection,
+    dialect: Dialect,
+    run: RunRecord,
+    batches: list[tuple[PreparedBatch, float]],
+    reload: Callable[[], RunRecord],
+) -> list[IngestOutcome]:
+    """Store ``batches`` (each with its arrival time) of ``run`` as one transaction
+    of one batch's statements; their outcomes, in order. Raises :class:`NotMerged`
+    (the caller rolls back) where that would differ from storing them one by one."""
+    merged = merge([b for b, _ in batches])
+    if merged is None:
+        raise NotMerged("two batches share a (step, rank) pair")
+    found = dialect.probe(conn, run, merged, min(now for _, now in batches), None)
+    new_frags, new_commits = set(found.new_frags), set(found.new_commits)
+    collided = set(merged.fragments) - new_frags
+    stored = list(_stored_fragments(conn, dialect.sql, run, collided)) if collided else []
+    touched = [set(b.steps()) for b, _ in batches]
+    mine: list[tuple[list[FragmentKey], list[tuple[int, int]]]] = []
+    for i, (batch, _) in enumerate(batches):
+        frags = [k for k in batch.fragments if k in new_frags]
+        commits = [k for k in batch.commits if k in new_commits]
+        own = Probe(found.steps, frags, commits, found.declared, found.top_seq)
+        try:
+            rules.check_duplicates(batch, set(batch.fragments) - set(frags), stored)
+            rules.check(batch, own)
+        except Exception as exc:
+            raise NotMerged(str(exc)) from exc
+        rules.count(found.steps, frags, {k: batch.commits[k] for k in commits})
+        later = set().union(*touched[i + 1 :])
+        if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later):
+            raise NotMerged("a step is finalised before a later batch of the group")
+        mine.append((frags, commits))
+    outcomes = []
+    reload = _once(reload)
+    for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
+        last = touched[i] - set().union(*touched[i + 1 :])  # steps no later batch touches
+        rows = [found.steps[s] for s in sorted(last)]
+        outcomes.append(
+            IngestOutcome(
+                accepted=len(frags),
+                duplicates=len(batch.fragments) - len(frags),
+                commits=len(commits),
+                finalised=_finalise(conn, run, reload, rows, now),
+            )
+        )
+    dialect.finish(conn, run.id, [*found.steps.values()], None)
+    return outcomes
+
+
+def _once(read: Callable[[], RunRecord]) -> Callable[[], RunRecord]:
+    kept: list[RunRecord] = []
+
+    def once() -> RunRecord:
+        if not kept:
+            kept.append(read())
+        return kept[0]
+
+    return once
 
 
 def _stored_fragments(
