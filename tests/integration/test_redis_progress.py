@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from steptally.service.coordination import store as coordinated
 from steptally.service.coordination.keys import RedisKeys
-from steptally.service.coordination.progress import ProgressBoard, decode
+from steptally.service.coordination.progress import ProgressBoard
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.query import step_json
 from tests.integration.conftest import Api, AppFactory, Clock
@@ -193,6 +193,37 @@ def test_a_wrong_value_in_redis_is_never_shown_nor_finalised(
     assert _keys(shared, prefix, run_id, 0) == 0
 
 
+def test_a_replica_whose_write_was_lost_is_read_around_until_its_sweep_rebuilds(
+    make_client: AppFactory,
+    prefix: str,
+    shared: redis.Redis,
+    fallbacks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app_a, a = _started(make_client, SHARED_REDIS, prefix)
+    app_b, b = _started(make_client, SHARED_REDIS, prefix)
+    assert app_a.state.service.sweep() == []
+    _send(b, 0, 0, range(1), commit=1)
+
+    def lost(*_: Any) -> None:  # as if replica a died between its commit and its write
+        raise redis.ConnectionError("lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(app_a.state.store.progress, "record", lost)
+        _send(a, 0, 1, range(2), commit=2)  # acknowledged: it is in the database
+    _send(b, 0, 2, range(1), commit=1)
+    run_id = _run(app_b).id
+    assert _held(shared, prefix, run_id, 0) == {0: 1, 2: 1}
+    body = b.step(0)
+    assert body == _database_view(app_b, 0)
+    assert (body["ranks_committed"], body["ranks_missing"]) == ([0, 1, 2], [3])
+    assert fallbacks == [0]
+    assert app_a.state.service.sweep() == []  # a talks to Redis again: it rebuilds first
+    assert _held(shared, prefix, run_id, 0) == {0: 1, 1: 2, 2: 1}
+    assert b.step(0) == body
+    assert fallbacks == [0]
+
+
 def test_redis_away_steps_are_read_from_the_database(
     make_client: AppFactory, clock: Clock, tmp_path: Path, fallbacks: list[int]
 ) -> None:
@@ -246,11 +277,3 @@ def test_finalised_steps_leave_no_keys(
     _send(api, 5, 0, range(1), commit=1)
     ttl = shared.ttl(RedisKeys(prefix).progress_ranks(run_id, 5))
     assert TIMEOUT_S + 3600 - 5 <= ttl <= TIMEOUT_S + 3600
-
-
-def test_decode_reads_bits_from_the_top_of_each_byte() -> None:
-    declared = bytes(8 * 9)
-    declared = declared[:64] + (7).to_bytes(8, "big")  # rank 8 declared 7
-    assert decode(b"\x80\x80", declared) == {0: 0, 8: 7}
-    assert decode(None, None) == {}
-    assert decode(b"\x01", b"") == {7: 0}  # a bit without its count yet reads 0
