@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from steptally.client.algebra import MetricResult, StepAccumulator
 from steptally.client.wire import encode_number
-from steptally.service.domain import packing
+from steptally.service.domain import packing, partial
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 
@@ -77,21 +77,20 @@ def metric_json(result: MetricResult) -> MetricJson:
 
 def combine(run: RunRecord, fragments: Sequence[packing.Cell]) -> dict[str, MetricResult]:
     """Every metric and derived value of the run over ``fragments``, each rounded once."""
-    acc = StepAccumulator(run.spec)
-    index = {name: j for j, name in enumerate(run.columns)}
-    guards = {index[m]: index[g] for m, g in run.spec.guards.items()}
-    table = packing.columns(fragments, len(run.columns), guards)
-    tails = packing.tail_columns(fragments, len(run.columns))
-    for name, column, tail in zip(run.columns, table, tails, strict=True):
-        acc.add_column(name, column, tail)
-    return acc.report()
+    return partial.of_cells(run, fragments).report()
+
+
+#: what a step is evaluated from: its fragments, or their exact partial state merged
+Contributions = Sequence[packing.Cell] | StepAccumulator
 
 
 def evaluate(
-    run: RunRecord, progress: Progress, fragments: Sequence[packing.Cell], status: StepStatus
+    run: RunRecord, progress: Progress, fragments: Contributions, status: StepStatus
 ) -> StepResult:
-    """The result of a step with ``status``, from all of its stored fragments."""
-    report = combine(run, fragments)
+    """The result of a step with ``status``, from all of its stored fragments or their
+    merged partial state (the same bits either way)."""
+    acc = fragments if isinstance(fragments, StepAccumulator) else partial.of_cells(run, fragments)
+    report = acc.report()
     return StepResult(
         status=status,
         metrics={name: metric_json(r) for name, r in report.items()},

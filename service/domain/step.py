@@ -21,14 +21,13 @@ A store times out a step with :func:`is_due`; new steps start as :func:`opened`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
 
 from steptally.service.domain import finalise as evaluation
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
-from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus, is_complete
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
@@ -197,13 +196,14 @@ def finalise(
     run: RunRecord,
     state: StepState,
     progress: Progress,
-    cells: Sequence[Cell],
+    cells: evaluation.Contributions,
     status: StepStatus | None,
     now: float,
 ) -> evaluation.StepResult:
-    """Evaluate a step from all of its fragments as ``status`` (None: complete if it
-    is, else partial) and make that its next revision, finalised at ``now``; ranks
-    that committed since a partial finalisation are kept as late."""
+    """Evaluate a step from all of its fragments (or their merged partial state) as
+    ``status`` (None: complete if it is, else partial) and make that its next revision,
+    finalised at ``now``; ranks that committed since a partial finalisation are kept
+    as late."""
     status = status or evaluation.final_status(progress)
     previous = None
     if state.status is StepStatus.PARTIAL and state.result is not None:

@@ -4,7 +4,8 @@ Timestamps are Unix seconds (float64), identical on SQLite and PostgreSQL. A
 fragment is one row: its values are one blob of little-endian float64 over the
 run's metric columns (``metrics.col``), see :mod:`steptally.service.domain.packing`.
 A finalised step's values are also kept one row per metric (``step_values``), for
-series and for SQL readers such as Grafana.
+series and for SQL readers such as Grafana. The fragments of each (step, rank) are
+also kept combined, exactly, as one ``partials`` row, which a finalisation reads.
 """
 
 from __future__ import annotations
@@ -143,6 +144,21 @@ class Fragment(Base):
     values_f64: Mapped[bytes] = mapped_column(LargeBinary)
     present: Mapped[bytes | None] = mapped_column(LargeBinary)
     tails: Mapped[bytes | None] = mapped_column(LargeBinary)  # exact sums' further terms
+
+
+class Partial(Base):
+    """The exact partial state of the fragments stored for one (step, rank): what a
+    finalisation merges instead of reading every fragment (see
+    :mod:`steptally.service.domain.partial`). Merged under the step's row lock by every
+    batch that brings new fragments of the pair; ``fragments`` counts them."""
+
+    __tablename__ = "partials"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    fragments: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AuthToken(Base):

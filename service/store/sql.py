@@ -211,7 +211,7 @@ class SqlStore:
                 return None  # another instance got there first
             run = load_run(conn, run_id=run_id)
             assert run is not None
-            done = finalise_row(conn, run, row, None, now)
+            done = finalise_row(conn, self.dialect.sql, run, row, None, now)
             write_steps(conn, self.dialect.sql, run_id, [row])
             return done
 

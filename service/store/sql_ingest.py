@@ -6,8 +6,9 @@ serialises every writer of those steps; bulk-insert fragments and commits with
 ``ON CONFLICT DO NOTHING RETURNING``; read back the commits and top sequence
 numbers the checks need (the *probe*); read the stored values of only the fragments
 that collided, for the duplicate check; apply the commit checks; update the step
-counters; finalise what is now complete, or what changed after a partial
-finalisation. Any error raises and rolls everything back.
+counters; merge the new fragments into their (step, rank) partial rows; finalise
+what is now complete, or what changed after a partial finalisation. Any error
+raises and rolls everything back.
 
 The probe and the final write are the only dialect-specific parts: the store's
 :class:`~steptally.service.store.dialect.Dialect` runs them (PostgreSQL pipelines
@@ -35,7 +36,7 @@ from steptally.service.domain.step import Probe, StepState
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import finalise_row
+from steptally.service.store.sql_step import finalise_row, write_partials
 
 SAVEPOINT = "steptally_batch"
 
@@ -84,7 +85,8 @@ def _ingest(
         rules.check_duplicates(batch, collided, stored)
     rules.check(batch, found)
     rules.count(steps, new_frags, {k: batch.commits[k] for k in found.new_commits})
-    finalised = _finalise(conn, run, reload, steps.values(), now)
+    write_partials(conn, dialect.sql, run, batch, new_frags)
+    finalised = _finalise(conn, dialect.sql, run, reload, steps.values(), now)
     dialect.finish(conn, run.id, [*steps.values()], savepoint)
     return IngestOutcome(
         accepted=len(new_frags),
@@ -131,6 +133,7 @@ def ingest_merged(
         if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later):
             raise NotMerged("a step is finalised before a later batch of the group")
         mine.append((frags, commits))
+    write_partials(conn, dialect.sql, run, merged, found.new_frags)
     outcomes = []
     reload = _once(reload)
     for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
@@ -141,7 +144,7 @@ def ingest_merged(
                 accepted=len(frags),
                 duplicates=len(batch.fragments) - len(frags),
                 commits=len(commits),
-                finalised=_finalise(conn, run, reload, rows, now),
+                finalised=_finalise(conn, dialect.sql, run, reload, rows, now),
             )
         )
     dialect.finish(conn, run.id, [*found.steps.values()], None)
@@ -175,6 +178,7 @@ def _bytes(b: bytes | None) -> bytes | None:
 
 def _finalise(
     conn: Connection,
+    sql: Statements,
     run: RunRecord,
     reload: Callable[[], RunRecord],
     rows: Iterable[StepState],
@@ -189,5 +193,5 @@ def _finalise(
         if status is None:
             continue
         current = current or reload()
-        out.append(finalise_row(conn, current, row, status, now))
+        out.append(finalise_row(conn, sql, current, row, status, now))
     return out

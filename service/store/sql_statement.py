@@ -20,12 +20,13 @@ from typing import Any
 from sqlalchemy import Column, Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql
 
-from steptally.service.store.models import Commit, Fragment, Step, StepValue
+from steptally.service.store.models import Commit, Fragment, Partial, Step, StepValue
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 COMMITS: Table = Commit.__table__  # type: ignore[assignment]
 FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
 STEP_VALUES: Table = StepValue.__table__  # type: ignore[assignment]
+PARTIALS: Table = Partial.__table__  # type: ignore[assignment]
 STEP_FIELDS = (
     "status", "revision", "committed_ranks", "expected", "received", "missing_ranks",
     "finalised_at", "result",
@@ -44,6 +45,10 @@ class Statements:
     max_seq_of: Any  # (step, rank, max seq) for :run, :steps, :ranks
     fragments_of: Any  # (step, rank, seq, values, present, tails) for :run, :steps, :ranks
     upsert_values: Any  # step_values rows, replacing a step's earlier values
+    insert_partials: Any  # partials rows; returns (step, rank) of those that were new
+    partials_of: Any  # (step, rank, fragments, state) for :run, :steps, :ranks
+    update_partials: Any  # :k_run, :k_step, :k_rank, :v_fragments, :v_state
+    partials_of_step: Any  # (rank, fragments, state) of :run, :step
 
 
 def _where(table: Table) -> Any:
@@ -60,7 +65,7 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
     )
     values = insert(STEP_VALUES)
-    f, c = FRAGMENTS.c, COMMITS.c
+    f, c, p = FRAGMENTS.c, COMMITS.c, PARTIALS.c
     return Statements(
         upsert_steps=upsert.returning(*STEPS.c),
         insert_fragments=insert(FRAGMENTS)
@@ -80,6 +85,18 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         upsert_values=values.on_conflict_do_update(
             index_elements=[k.name for k in STEP_VALUES.primary_key],
             set_={"value": values.excluded.value, "state": values.excluded.state},
+        ),
+        insert_partials=insert(PARTIALS).on_conflict_do_nothing().returning(p.step, p.rank),
+        partials_of=select(p.step, p.rank, p.fragments, p.state).where(*_where(PARTIALS)),
+        update_partials=update(PARTIALS)
+        .where(
+            p.run_id == bindparam("k_run"),
+            p.step == bindparam("k_step"),
+            p.rank == bindparam("k_rank"),
+        )
+        .values(fragments=bindparam("v_fragments"), state=bindparam("v_state")),
+        partials_of_step=select(p.rank, p.fragments, p.state).where(
+            p.run_id == bindparam("run"), p.step == bindparam("step")
         ),
     )
 

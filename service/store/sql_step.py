@@ -7,18 +7,27 @@ read of an open step, loads the fragments themselves.
 Every finalisation also writes one ``step_values`` row per metric and derived value
 of the step; a later finalisation of the same step (a higher revision) overwrites
 them, and a metric added to the run since then gains its row.
+
+A batch's new fragments are also merged, exactly, into one ``partials`` row per
+(step, rank) (:func:`write_partials`, under the step's row lock), and a finalisation
+merges the step's partial rows (:func:`load_partials`) instead of reading every
+fragment: world size rows, not world size times microbatches. A step whose partials
+do not hold every fragment it received (stored before partials existed) is evaluated
+from its fragments (:func:`load_live`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Select, select
 
+from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
-from steptally.service.domain.finalise import StoredValue
+from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.finalise import Contributions, StoredValue
 from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
@@ -31,6 +40,7 @@ from steptally.service.store.sql_statement import (
     STEP_FIELDS,
     STEPS,
     Statements,
+    keys_params,
 )
 
 ForUpdate = Callable[[Select[Any]], Select[Any]]
@@ -122,11 +132,76 @@ def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, li
     return progress, [(f.values_f64, f.present, f.tails) for f in frags]
 
 
+def write_partials(
+    conn: Connection,
+    sql: Statements,
+    run: RunRecord,
+    batch: PreparedBatch,
+    new_frags: Iterable[FragmentKey],
+) -> None:
+    """Merge the new fragments ``new_frags`` of ``batch`` into their pairs' partial
+    rows (the caller holds the steps' row locks)."""
+    cells: dict[CommitKey, list[Cell]] = {}
+    for key in new_frags:
+        cells.setdefault(key[:2], []).append(batch.fragments[key])
+    if not cells:
+        return
+    fresh = {pair: partial.of_cells(run, c) for pair, c in cells.items()}
+    rows = [
+        {"run_id": run.id, "step": s, "rank": r, "fragments": len(cells[(s, r)]), "state": state}
+        for (s, r), state in ((pair, partial.encode(acc)) for pair, acc in fresh.items())
+    ]
+    inserted = {tuple(k) for k in conn.execute(sql.insert_partials, rows)}
+    stored = {pair for pair in fresh if pair not in inserted}
+    if not stored:
+        return
+    updates = []
+    for s, r, n, state in conn.execute(sql.partials_of, keys_params(run.id, stored)):
+        if (s, r) not in stored:
+            continue
+        acc = fresh[(s, r)]
+        acc.merge(partial.decode(run.spec, bytes(state)))
+        updates.append(
+            {
+                "k_run": run.id,
+                "k_step": s,
+                "k_rank": r,
+                "v_fragments": n + len(cells[(s, r)]),
+                "v_state": partial.encode(acc),
+            }
+        )
+    conn.execute(sql.update_partials, updates)
+
+
+def load_partials(
+    conn: Connection, sql: Statements, run: RunRecord, row: StepState
+) -> tuple[Progress, Contributions] | None:
+    """A step's commits, arrivals per rank and merged partial state; None when its
+    partial rows do not hold every fragment the step received."""
+    parts = conn.execute(sql.partials_of_step, {"run": run.id, "step": row.step}).all()
+    received = Counter({p.rank: p.fragments for p in parts})
+    if received.total() != row.received:
+        return None
+    commits = conn.execute(
+        select(COMMITS.c.rank, COMMITS.c.fragments).where(
+            COMMITS.c.run_id == run.id, COMMITS.c.step == row.step
+        )
+    ).all()
+    progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
+    return progress, partial.merged(run.spec, (bytes(p.state) for p in parts))
+
+
 def finalise_row(
-    conn: Connection, run: RunRecord, row: StepState, status: StepStatus | None, now: float
+    conn: Connection,
+    sql: Statements,
+    run: RunRecord,
+    row: StepState,
+    status: StepStatus | None,
+    now: float,
 ) -> FinalisedStep:
-    """Finalise a locked step as ``status`` (None: complete if it is, else partial)."""
-    progress, cells = load_live(conn, run, row.step)
+    """Finalise a locked step as ``status`` (None: complete if it is, else partial),
+    from its partial rows where they hold every fragment, else from its fragments."""
+    progress, cells = load_partials(conn, sql, run, row) or load_live(conn, run, row.step)
     result = step_rules.finalise(run, row, progress, cells, status, now)
     record = StepRecord(row.step, row.status, row.revision, row.first_seen_at, now, result)
     return FinalisedStep(run.name, row.step, row.status, row.revision, run, record)

@@ -22,7 +22,7 @@ from steptally.service.app import create_app
 from steptally.service.settings import Settings
 from steptally.service.store.migration import upgrade
 
-TABLES = ("step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
+TABLES = ("partials", "step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
 
 
 class Clock:
