@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, select
 
+from steptally.service.coordination.progress import OpenCommit, run_key
 from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.engine import transaction
+from steptally.service.store.sql_run import RUNS
 from steptally.service.store.sql_statement import COMMITS, FRAGMENTS, STEPS
 from steptally.service.store.sql_step import load_live
 
@@ -35,20 +37,21 @@ class Live:
     counters: tuple[int, int] | None = None
 
 
-def open_commits(engine: Engine) -> Iterator[tuple[int, int, int, int, float]]:
-    """``(run_id, step, rank, declared, deadline)`` of every open step's commits, in
-    step order, read in one transaction."""
-    c, s = COMMITS.c, STEPS.c
+def open_commits(engine: Engine) -> Iterator[OpenCommit]:
+    """Every commit of every open step, in step order, read in one transaction."""
+    c, s, r = COMMITS.c, STEPS.c, RUNS.c
     stmt = (
-        select(c.run_id, c.step, c.rank, c.fragments, s.deadline)
+        select(c.run_id, r.created_at, c.step, c.rank, c.fragments, s.deadline)
         .join(STEPS, (s.run_id == c.run_id) & (s.step == c.step))
+        .join(RUNS, r.id == c.run_id)
         .where(s.status == StepStatus.OPEN.value)
         .order_by(c.run_id, c.step)
     )
     with transaction(engine, write=False) as conn:
         rows = conn.execute(stmt).all()
-    for run_id, step, rank, declared, deadline in rows:
-        yield int(run_id), int(step), int(rank), int(declared), float(deadline)
+    for run_id, created_at, step, rank, declared, deadline in rows:
+        run = run_key(int(run_id), float(created_at))
+        yield OpenCommit(run, int(step), int(rank), int(declared), float(deadline))
 
 
 def open_live(

@@ -8,13 +8,17 @@ several deployments, or tests, can share one Redis without seeing each other:
     {prefix}:deadlines:built     string: present once the schedule holds every open step
     {prefix}:fence               counter: the fencing tokens of claims
     {prefix}:claim:{run_id}:{step}   string with a lease: the replica finalising that step
-    {prefix}:progress:{{run_id}:{step}}:ranks     bitmap: bit ``rank`` set once it committed
-    {prefix}:progress:{{run_id}:{step}}:declared  bitfield: the fragments each rank
-                                                  declared, ``i64`` at ``#rank``
+    {prefix}:progress:{{run}:{step}}:ranks     bitmap: bit ``rank`` set once it committed
+    {prefix}:progress:{{run}:{step}}:declared  bitfield: the fragments each rank
+                                               declared, ``i64`` at ``#rank``
 
-The inner braces of the progress keys are a Redis Cluster hash tag: a step's two keys
-live on one shard. Nothing under the prefix is the only copy of anything: PostgreSQL
-stays the source of truth, and wiping Redis loses no data.
+A progress key names its run as ``{run_id}.{created_us}`` (the run's id and its
+registration time in microseconds), so a database recreated under a Redis that still
+holds an earlier one's keys never reads them. The inner braces of the progress keys
+are a Redis Cluster hash tag: a step's two keys live on one shard.
+
+Nothing under the prefix is the only copy of anything: PostgreSQL stays the source of
+truth, and wiping Redis loses no data.
 """
 
 from __future__ import annotations
@@ -54,10 +58,11 @@ class RedisKeys:
         """The claim on one step (``member`` is ``{run_id}:{step}``)."""
         return f"{self.prefix}:claim:{member}"
 
-    def progress_ranks(self, run_id: int, step: int) -> str:
-        """The bitmap of the ranks that committed an open step (:mod:`.progress`)."""
-        return f"{self.prefix}:progress:{{{run_id}:{step}}}:ranks"
+    def progress_ranks(self, run: str, step: int) -> str:
+        """The bitmap of the ranks that committed an open step (:mod:`.progress`);
+        ``run`` is ``{run_id}.{created_us}``."""
+        return f"{self.prefix}:progress:{{{run}:{step}}}:ranks"
 
-    def progress_declared(self, run_id: int, step: int) -> str:
+    def progress_declared(self, run: str, step: int) -> str:
         """The fragments each committed rank of an open step declared (:mod:`.progress`)."""
-        return f"{self.prefix}:progress:{{{run_id}:{step}}}:declared"
+        return f"{self.prefix}:progress:{{{run}:{step}}}:declared"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import groupby
+from typing import NamedTuple
 
 import redis
 
@@ -36,6 +37,22 @@ GRACE_S = 3600  # a step's keys outlive its deadline by this much
 REBUILD_CHUNK = 1000  # commits per round trip of a rebuild
 
 Commits = dict[int, int]  # rank -> fragments declared
+
+
+def run_key(run_id: int, created_at: float) -> str:
+    """How progress keys name a run: its id and registration time, which tell two
+    databases' runs of one id apart (:class:`~.keys.RedisKeys`)."""
+    return f"{run_id}.{round(created_at * 1_000_000)}"
+
+
+class OpenCommit(NamedTuple):
+    """A commit of an open step as the database holds it (``run``: :func:`run_key`)."""
+
+    run: str
+    step: int
+    rank: int
+    declared: int
+    deadline: float
 
 
 def decode(ranks: bytes | None, declared: bytes | None) -> Commits:
@@ -69,7 +86,7 @@ class ProgressBoard:
     def record(
         self,
         pipe: redis.client.Pipeline,
-        run_id: int,
+        run: str,
         commits: Mapping[int, Mapping[int, int]],
         ttl_s: float,
     ) -> None:
@@ -80,8 +97,8 @@ class ProgressBoard:
         for step, ranks in commits.items():
             if not ranks:
                 continue
-            declared_key = self._keys.progress_declared(run_id, step)
-            ranks_key = self._keys.progress_ranks(run_id, step)
+            declared_key = self._keys.progress_declared(run, step)
+            ranks_key = self._keys.progress_ranks(run, step)
             declared = pipe.bitfield(declared_key)
             bits = pipe.bitfield(ranks_key)
             for rank, n in ranks.items():
@@ -92,40 +109,39 @@ class ProgressBoard:
             pipe.expire(declared_key, ttl)
             pipe.expire(ranks_key, ttl)
 
-    def forget(self, pipe: redis.client.Pipeline, steps: Iterable[tuple[int, int]]) -> None:
-        """Queue the deletion of finalised steps' keys (``(run_id, step)``)."""
+    def forget(self, pipe: redis.client.Pipeline, run: str, steps: Iterable[int]) -> None:
+        """Queue the deletion of finalised steps' keys."""
         keys = [
             key
-            for run_id, step in steps
+            for step in steps
             for key in (
-                self._keys.progress_ranks(run_id, step),
-                self._keys.progress_declared(run_id, step),
+                self._keys.progress_ranks(run, step),
+                self._keys.progress_declared(run, step),
             )
         ]
         if keys:
             pipe.delete(*keys)
 
-    def read(self, run_id: int, steps: Sequence[int]) -> dict[int, Commits]:
+    def read(self, run: str, steps: Sequence[int]) -> dict[int, Commits]:
         """What Redis holds of each step's commits, in one round trip (empty when none)."""
         if not steps:
             return {}
         pipe = self._redis.pipeline(transaction=False)
         for step in steps:
-            pipe.get(self._keys.progress_ranks(run_id, step))
-            pipe.get(self._keys.progress_declared(run_id, step))
+            pipe.get(self._keys.progress_ranks(run, step))
+            pipe.get(self._keys.progress_declared(run, step))
         raw = pipe.execute()
         return {step: decode(raw[2 * i], raw[2 * i + 1]) for i, step in enumerate(steps)}
 
-    def rebuild(self, open_commits: Iterable[tuple[int, int, int, int, float]], now: float) -> int:
-        """Record every commit of the database's open steps, ``(run_id, step, rank,
-        declared, deadline)`` in step order; returns how many. Safe beside ingest: it
-        writes the same facts."""
+    def rebuild(self, open_commits: Iterable[OpenCommit], now: float) -> int:
+        """Record every commit of the database's open steps, in step order; returns how
+        many. Safe beside ingest: it writes the same facts."""
         count = queued = 0
         pipe = self._redis.pipeline(transaction=False)
-        for (run_id, step), rows in groupby(open_commits, key=lambda c: (c[0], c[1])):
+        for (run, step), rows in groupby(open_commits, key=lambda c: (c.run, c.step)):
             commits = list(rows)
-            ranks = {rank: declared for _, _, rank, declared, _ in commits}
-            self.record(pipe, run_id, {step: ranks}, commits[0][4] - now + GRACE_S)
+            ranks = {c.rank: c.declared for c in commits}
+            self.record(pipe, run, {step: ranks}, commits[0].deadline - now + GRACE_S)
             count += len(ranks)
             queued += len(ranks)
             if queued >= REBUILD_CHUNK:

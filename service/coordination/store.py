@@ -44,7 +44,13 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from steptally.service.coordination.database import open_commits, open_live, step_live
-from steptally.service.coordination.progress import GRACE_S, Commits, ProgressBoard, agrees
+from steptally.service.coordination.progress import (
+    GRACE_S,
+    Commits,
+    ProgressBoard,
+    agrees,
+    run_key,
+)
 from steptally.service.coordination.schedule import DeadlineSchedule
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import Progress, StepStatus
@@ -163,8 +169,9 @@ class CoordinatedStore:
                 add=[(run.id, s, deadline) for s in batch.steps() if s not in finalised],
                 remove=[(run.id, s) for s in finalised],
             )
-            self.progress.record(pipe, run.id, commits, run.step_timeout_s + GRACE_S)
-            self.progress.forget(pipe, [(run.id, s) for s in finalised])
+            key = run_key(run.id, run.created_at)
+            self.progress.record(pipe, key, commits, run.step_timeout_s + GRACE_S)
+            self.progress.forget(pipe, key, finalised)
             pipe.execute()
         except (RedisError, OSError) as exc:
             self._lost(exc)
@@ -200,11 +207,11 @@ class CoordinatedStore:
                 done = self.sql.finalise_due(item.run_id, item.step, now)
                 if done is not None:
                     out.append(done)
-                    self._forget(item.run_id, item.step)
+                    self._forget(item.run_id, item.step, done.run_record)
                     continue
                 deadline = self.sql.deadline_of(item.run_id, item.step)
-                if deadline is None:
-                    self._forget(item.run_id, item.step)
+                if deadline is None:  # finalised by a batch, whose ingest forgot it
+                    self.schedule.remove([(item.run_id, item.step)])
                 else:
                     self.schedule.reschedule(item.run_id, item.step, deadline)
             except (RedisError, OSError) as exc:
@@ -218,17 +225,18 @@ class CoordinatedStore:
         self.schedule.close()
         self.sql.close()
 
-    def _forget(self, run_id: int, step: int) -> None:
-        """Unschedule a step that is no longer open and delete its progress."""
+    def _forget(self, run_id: int, step: int, run: RunRecord | None) -> None:
+        """Unschedule a step just finalised and delete its progress."""
         pipe = self.schedule.pipeline()
         self.schedule.queue_update(pipe, add=(), remove=[(run_id, step)])
-        self.progress.forget(pipe, [(run_id, step)])
+        if run is not None:
+            self.progress.forget(pipe, run_key(run.id, run.created_at), [step])
         pipe.execute()
 
     def _held(self, run: RunRecord, steps: Sequence[int]) -> dict[int, Commits]:
         """What Redis holds of ``steps``' commits; empty when Redis fails."""
         try:
-            return self.progress.read(run.id, steps)
+            return self.progress.read(run_key(run.id, run.created_at), steps)
         except (RedisError, OSError) as exc:
             self._lost(exc)
             return {}

@@ -18,10 +18,10 @@ from fastapi import FastAPI
 
 from steptally.service.coordination import store as coordinated
 from steptally.service.coordination.keys import RedisKeys
-from steptally.service.coordination.progress import ProgressBoard
+from steptally.service.coordination.progress import ProgressBoard, run_key
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.query import step_json
-from tests.integration.conftest import Api, AppFactory, Clock
+from tests.integration.conftest import Api, AppFactory, Clock, _empty
 from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
 
 pytestmark = pytest.mark.redis
@@ -86,11 +86,17 @@ def _database_view(app: FastAPI, step: int) -> dict[str, Any]:
     return step_json(run, record)
 
 
-def _held(client: redis.Redis, prefix: str, run_id: int, step: int) -> dict[int, int]:
+def _run_key(app: FastAPI) -> str:
+    """How the progress keys name the run (its id and registration time)."""
+    run = _run(app)
+    return run_key(run.id, run.created_at)
+
+
+def _held(client: redis.Redis, prefix: str, run_id: str, step: int) -> dict[int, int]:
     return ProgressBoard(client, RedisKeys(prefix)).read(run_id, [step])[step]
 
 
-def _keys(client: redis.Redis, prefix: str, run_id: int, step: int) -> int:
+def _keys(client: redis.Redis, prefix: str, run_id: str, step: int) -> int:
     keys = RedisKeys(prefix)
     return int(
         client.exists(keys.progress_ranks(run_id, step), keys.progress_declared(run_id, step))
@@ -118,7 +124,7 @@ def test_progress_matches_the_database_after_a_mixed_ingest_across_two_replicas(
     app_a, a = _started(make_client, SHARED_REDIS, prefix)
     app_b, b = _started(make_client, SHARED_REDIS, prefix)
     _mixed_ingest(a, b)
-    run_id = _run(app_a).id
+    run_id = _run_key(app_a)
     assert _held(shared, prefix, run_id, 0) == {0: 3, 1: 2, 2: 1}
     raw = shared.get(RedisKeys(prefix).progress_ranks(run_id, 0))
     assert raw == b"\xe0"  # bits 0, 1 and 2: one byte for the three ranks
@@ -152,7 +158,7 @@ def test_a_wiped_redis_is_read_around_then_rebuilt_from_the_database(
     assert app.state.service.sweep() == []  # builds the (empty) schedule
     _send(api, 0, 0, range(2), commit=2)
     _send(api, 0, 1, range(1), commit=1)
-    run_id = _run(app).id
+    run_id = _run_key(app)
     delete_prefix(SHARED_REDIS, prefix)  # the wipe
     assert api.step(0) == _database_view(app, 0)
     assert fallbacks == [0]  # nothing in Redis, the row says two commits
@@ -173,7 +179,7 @@ def test_a_wrong_value_in_redis_is_never_shown_nor_finalised(
 ) -> None:
     app, api = _started(make_client, SHARED_REDIS, prefix)
     _send(api, 0, 0, range(1), commit=1)
-    run_id = _run(app).id
+    run_id = _run_key(app)
     keys = RedisKeys(prefix)
     shared.setbit(keys.progress_ranks(run_id, 0), 3, 1)  # a rank that never committed
     body = api.step(0)
@@ -212,7 +218,7 @@ def test_a_replica_whose_write_was_lost_is_read_around_until_its_sweep_rebuilds(
         patch.setattr(app_a.state.store.progress, "record", lost)
         _send(a, 0, 1, range(2), commit=2)  # acknowledged: it is in the database
     _send(b, 0, 2, range(1), commit=1)
-    run_id = _run(app_b).id
+    run_id = _run_key(app_b)
     assert _held(shared, prefix, run_id, 0) == {0: 1, 2: 1}
     body = b.step(0)
     assert body == _database_view(app_b, 0)
@@ -222,6 +228,30 @@ def test_a_replica_whose_write_was_lost_is_read_around_until_its_sweep_rebuilds(
     assert _held(shared, prefix, run_id, 0) == {0: 1, 1: 2, 2: 1}
     assert b.step(0) == body
     assert fallbacks == [0]
+
+
+def test_a_recreated_database_never_reads_an_earlier_ones_progress(
+    make_client: AppFactory,
+    db_url: str,
+    clock: Clock,
+    prefix: str,
+    shared: redis.Redis,
+    fallbacks: list[int],
+) -> None:
+    app, api = _started(make_client, SHARED_REDIS, prefix)
+    _send(api, 0, 0, range(1), commit=1)
+    earlier = _run(app)
+    _empty(db_url)  # the database recreated; Redis keeps the earlier keys
+    clock.now += 1
+    app, api = _started(make_client, SHARED_REDIS, prefix)
+    assert _run(app).id == earlier.id  # the same run id, registered anew
+    _send(api, 0, 1, range(1), commit=1)
+    assert _held(shared, prefix, run_key(earlier.id, earlier.created_at), 0) == {0: 1}
+    assert _held(shared, prefix, _run_key(app), 0) == {1: 1}
+    body = api.step(0)
+    assert (body["ranks_committed"], body["ranks_missing"]) == ([1], [0, 2, 3])
+    assert body == _database_view(app, 0)
+    assert fallbacks == []
 
 
 def test_redis_away_steps_are_read_from_the_database(
@@ -248,7 +278,7 @@ def test_redis_away_steps_are_read_from_the_database(
         server.start()  # back, empty: the next sweep rebuilds what it lost
         assert app.state.service.sweep() == []
         with server.client() as client:
-            assert _held(client, "steptally", _run(app).id, 0) == {0: 2, 2: 1}
+            assert _held(client, "steptally", _run_key(app), 0) == {0: 2, 2: 1}
         fallbacks.clear()
         assert api.step(0) == _database_view(app, 0)
         assert fallbacks == []
@@ -263,7 +293,7 @@ def test_finalised_steps_leave_no_keys(
     assert app.state.service.sweep() == []
     for step in range(3):
         _send(api, step, 0, range(1), commit=1)
-    run_id = _run(app).id
+    run_id = _run_key(app)
     assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [2, 2, 2]
     for rank in range(1, WORLD):
         _send(api, 1, rank, range(1), commit=1)  # completes step 1
