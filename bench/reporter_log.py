@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
-Why = tuple[int, int, int, int]  # voluntary, involuntary switches, page faults, collections
+Why = tuple[int, ...]  # voluntary, involuntary switches, page faults, collections, first call
 _collections = [0]  # garbage collections run by the main thread
 
 
@@ -60,8 +60,11 @@ def _usage() -> Why:
     return u.ru_nvcsw, u.ru_nivcsw, u.ru_minflt, _collections[0]
 
 
-def _timed(fn: Callable[..., object], args: tuple[Any, ...], why: list[Why] | None) -> int:
-    """Nanoseconds ``fn(*args)`` took; with ``why``, append what happened inside it."""
+def _timed(
+    fn: Callable[..., object], args: tuple[Any, ...], why: list[Why] | None, first: bool = False
+) -> int:
+    """Nanoseconds ``fn(*args)`` took; with ``why``, append what happened inside it
+    (and whether it was the step's first call, the one right after the CPU work)."""
     clock = time.perf_counter_ns
     if why is None:
         t0 = clock()
@@ -72,7 +75,7 @@ def _timed(fn: Callable[..., object], args: tuple[Any, ...], why: list[Why] | No
     fn(*args)
     dt = clock() - t0
     u1 = _usage()
-    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2], u1[3] - u0[3]))
+    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2], u1[3] - u0[3], int(first)))
     return dt
 
 
@@ -129,8 +132,8 @@ def _time_reporter(
                     row = {n: torch.tensor(v, dtype=torch.float64) for n, v in row.items()}
                 rows.append(row)
             total = 0
-            for row in rows:
-                dt = _timed(reporter.log, (step, row), _why(args, step, why))
+            for mb, row in enumerate(rows):
+                dt = _timed(reporter.log, (step, row), _why(args, step, why), mb == 0)
                 total += dt
                 if step >= args.warmup:
                     calls.append(dt / 1e3)
@@ -165,8 +168,8 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
             for mb in range(args.microbatches)
         ]
         total = 0
-        for row in rows:
-            dt = _timed(touch, (row,), _why(args, step, why))
+        for mb, row in enumerate(rows):
+            dt = _timed(touch, (row,), _why(args, step, why), mb == 0)
             total += dt
             if step >= args.warmup:
                 calls.append(dt / 1e3)
@@ -326,14 +329,16 @@ def _causes(name: str, calls: list[float], why: list[Why]) -> str:
     found = ", ".join(f"{k} {n}" for k, n in counts.items())
     blocked = sum(1 for w in why if w[0])
     collected = sum(1 for w in why if w[3])
+    first = sum(1 for w in tail if w[4])
     return (
-        f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): {found}; of all {len(why)} "
-        f"calls, {blocked} blocked and {collected} ran a collection"
+        f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): {found}; {first} of them a step's "
+        f"first call; of all {len(why)} calls, {blocked} blocked and {collected} ran a "
+        "collection"
     )
 
 
 def _cause(w: Why) -> str:
-    voluntary, involuntary, faults, collections = w
+    voluntary, involuntary, faults, collections = w[:4]
     if voluntary:
         return "blocked"
     if involuntary:

@@ -87,7 +87,7 @@ class BatchLoop:
 
     def _take(self, item: Entry | Commit) -> None:
         now = time.monotonic()
-        if isinstance(item, Entry) and item.staged is not None:
+        if isinstance(item, Entry) and item.unread():
             reason = item.resolve()
             if reason is not None:
                 self._reject(1, f"rank {self.intake.rank} step {item.step}: {reason}")

@@ -27,27 +27,33 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Mapping
-from operator import attrgetter, countOf
+from operator import attrgetter, countOf, eq
 from types import MappingProxyType
 from typing import Any
 
 from steptally.client.algebra import Kind
 from steptally.client.reporter.errors import FragmentError
-from steptally.client.reporter.staging import Staged, Tails, stage
+from steptally.client.reporter.staging import Staged, Tails, changed_message, stage
 
 
 class Entry:
-    """The values of one fragment: ``names[i]`` has ``values[i]`` once resolved."""
+    """The values of one fragment: ``names[i]`` has ``values[i]`` once resolved.
 
-    __slots__ = ("counts", "names", "seq", "staged", "step", "tails", "values")
+    ``values`` is a list of floats (some of them device values still ``staged``), or
+    (``versions`` set) the list of held one-element host tensors themselves, read
+    into floats by :meth:`resolve`.
+    """
+
+    __slots__ = ("counts", "names", "seq", "staged", "step", "tails", "values", "versions")
 
     def __init__(
         self,
         step: int,
         names: tuple[str, ...],
-        values: list[float],
+        values: Any,
         staged: Staged | None = None,
         counts: list[int] | None = None,
+        versions: list[int] | None = None,
     ) -> None:
         self.step = step
         self.seq = -1
@@ -55,10 +61,17 @@ class Entry:
         self.values = values
         self.staged = staged
         self.counts = counts  # indices of count metrics whose value is still on the device
+        self.versions = versions  # each held tensor's ``_version`` when it was logged
         self.tails: Mapping[int, tuple[float, ...]] = _NO_TAILS  # index → further terms
+
+    def unread(self) -> bool:
+        """Whether some values are still to be read (device copies or held tensors)."""
+        return self.staged is not None or self.versions is not None
 
     def resolve(self) -> str | None:
         """Wait for device values (off the training thread); a reason if one is invalid."""
+        if self.versions is not None:
+            return self._read_held()
         if self.staged is None:
             return None
         changed = self.staged.read_held(self.values, self.names)
@@ -74,6 +87,29 @@ class Entry:
             if not _is_count(self.values[i]):
                 return _count_message(self.names[i], self.values[i])
         return None
+
+    def _read_held(self) -> str | None:
+        """Read the held tensors into floats; a reason if one changed since ``log()``."""
+        values, versions = self.values, self.versions
+        assert versions is not None
+        self.versions = None
+        reason = None
+        for i, t in enumerate(values):
+            values[i] = float(t.item())
+            if t._version != versions[i] and reason is None:
+                reason = changed_message(self.names[i])
+        return reason
+
+
+def entry_of(item: Entry | Record) -> Entry:
+    """The entry of what capture returned (a fast path's record or an entry)."""
+    if type(item) is tuple:
+        step, names, held = item[:3]
+        n = 3 + len(names)
+        versions = list(item[n:]) if held else None
+        return Entry(step, names, list(item[3:n]), versions=versions)
+    assert isinstance(item, Entry)
+    return item
 
 
 def _is_count(x: float) -> bool:
@@ -92,6 +128,9 @@ def check_step(step: object) -> int:
     return step
 
 
+# A fragment as the fast paths leave it, one tuple: (step, names, held, *values) for
+# floats, (step, names, True, *tensors, *their versions) for held host tensors.
+Record = tuple[Any, ...]
 _NO_TAILS: Mapping[int, tuple[float, ...]] = MappingProxyType({})
 _version = attrgetter("_version")
 
@@ -99,44 +138,62 @@ _version = attrgetter("_version")
 class Capture:
     """``capture`` for one spec, with fast paths for the common cases: a dict of floats,
     and a dict of one-element host tensors of sums, minima and maxima. Their checks run
-    at C speed (``map`` over the values), and nothing that reads a tensor's value."""
+    at C speed (``map`` over the values), and nothing that reads a tensor's value.
+
+    The fast paths return a plain tuple (``step, names, values, versions``) that the
+    background thread makes an :class:`Entry`, and make as few objects as they can: a
+    collection of Python's cyclic garbage collector starts inside whichever call
+    crosses the allocation threshold, and after a stretch of other work each object and
+    each piece of code touched is a cache miss. The key order of the last fragment is
+    kept, so that a loop logging the same names reuses one tuple of them.
+    """
 
     def __init__(self, kinds: Mapping[str, Kind]) -> None:
         self.kinds = dict(kinds)
         self.names = frozenset(kinds)
         self.counts = frozenset(n for n, k in kinds.items() if k is Kind.COUNT)
+        self._order: tuple[str, ...] = ()
 
-    def __call__(self, step: int, fragments: Mapping[str, object]) -> Entry:
+    def __call__(self, step: int, fragments: Mapping[str, object]) -> Entry | Record:
         if type(fragments) is dict and fragments and fragments.keys() <= self.names:
-            values = list(fragments.values())
+            values = fragments.values()
             n = len(values)
             if countOf(map(type, values), float) == n:
                 for name in self.counts.intersection(fragments) if self.counts else ():
                     if not _is_count(fragments[name]):
                         raise FragmentError(_count_message(name, fragments[name]))
-                return Entry(step, tuple(fragments), values)
+                names = self._order  # the last call's tuple when the names match
+                if len(names) != n or countOf(map(eq, fragments, names), True) != n:
+                    names = self._order = tuple(fragments)
+                return (step, names, False, *values)
             if not self.counts or self.counts.isdisjoint(fragments):
-                entry = _held_tensors(step, fragments, values)
+                entry = self._held_tensors(step, fragments)
                 if entry is not None:
                     return entry
         return capture(step, fragments, self.kinds)
 
+    def order(self, fragments: dict[str, object]) -> tuple[str, ...]:
+        """The names of ``fragments`` in order: the last call's tuple when they match."""
+        last = self._order
+        if len(last) != len(fragments) or countOf(map(eq, fragments, last), True) != len(last):
+            last = self._order = tuple(fragments)
+        return last
 
-def _held_tensors(step: int, fragments: Mapping[str, object], values: list[Any]) -> Entry | None:
-    """An entry that holds ``values``, all one-element real host tensors; None when
-    they are not (the general path says what is wrong, or stages device values)."""
-    reads = _TensorReads.get()
-    n = len(values)
-    if (
-        reads is None
-        or countOf(map(type, values), reads.tensor) != n
-        or countOf(map(reads.numel, values), 1) != n
-        or countOf(map(reads.is_cpu, values), True) != n
-        or not set(map(reads.dtype, values)) <= reads.real
-    ):
-        return None
-    held = Staged([], values, range(len(values)), list(map(_version, values)))
-    return Entry(step, tuple(fragments), [0.0] * len(values), held)
+    def _held_tensors(self, step: int, fragments: dict[str, object]) -> Record | None:
+        """An entry that holds the values, all one-element real host tensors; None when
+        they are not (the general path says what is wrong, or stages device values)."""
+        reads = _TensorReads.get()
+        values = fragments.values()
+        n = len(values)
+        if (
+            reads is None
+            or countOf(map(type, values), reads.tensor) != n
+            or countOf(map(reads.numel, values), 1) != n
+            or countOf(map(reads.is_cpu, values), True) != n
+            or not reads.real.issuperset(map(reads.dtype, values))
+        ):
+            return None
+        return (step, self.order(fragments), True, *values, *map(_version, values))
 
 
 _REAL = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8")

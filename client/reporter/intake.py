@@ -1,11 +1,20 @@
 """The bounded queue between the training thread and the background thread.
 
-``put`` numbers the fragment (its ``seq`` within the step, for this rank) and queues
-it, under one lock, so that several threads may log at once and every seq of a step
-is unique and contiguous. ``commit`` queues the step's commit after every fragment
-numbered before it. The training thread never waits here beyond that lock: when the
-queue is full the fragment is dropped (and counted), but still numbered, so that the
-commit announces it and the step shows as incomplete instead of silently wrong.
+``put`` queues a fragment and ``commit`` the commit of a step; the background thread's
+``drain`` takes them in the order they were queued and numbers them there: each
+fragment gets its ``seq`` within its step (for this rank), and each commit the number
+of fragments of its step logged before it. Several threads may log at once, and every
+seq of a step is unique and contiguous, because the order of one deque is the order of
+the calls.
+
+A queued fragment takes no lock on the calling thread: ``deque.append`` is atomic,
+and the calling threads' counters (``items``, the bytes put) are written by them alone,
+the draining thread's (the bytes taken, the seqs) by it alone. What a ``log()`` right
+after a stretch of other work costs is mostly cache misses, one per object and piece
+of code it touches, so the fewer the better: a lock alone cost about 5 µs there.
+When the queue is full the fragment is dropped (and counted, under the lock), but the
+step's commit still counts it, so the step shows as incomplete instead of silently
+wrong.
 
 Nothing here wakes the background thread: it drains the queue on its own timer (and
 when ``flush()`` asks). A wake-up from ``put`` made the kernel switch to the woken
@@ -16,9 +25,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from steptally.client.reporter.batcher import ENTRY_OVERHEAD
-from steptally.client.reporter.capture import Entry
+from steptally.client.reporter.capture import Entry, Record, entry_of
 from steptally.client.reporter.errors import FragmentError
 from steptally.client.wire import Commit
 
@@ -30,66 +40,87 @@ class Intake:
         self.rank = rank
         self.max_items = max_items
         self.max_bytes = max_bytes
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # commits and drops; never a queued fragment
         self.wake = threading.Event()
         self.items = 0  # every accepted call, dropped fragments included
-        self._queue: deque[Entry | Commit] = deque()
-        self._bytes = 0
-        self._seqs: dict[int, int] = {}
+        self._queue: deque[Entry | Commit | Record] = deque()
+        self._put_bytes = 0  # the calling threads'
+        self._taken_bytes = 0  # the draining thread's
+        self._seqs: dict[int, int] = {}  # the draining thread's: next seq of each step
+        self._dropped: dict[int, int] = {}  # fragments dropped here, by step
         self._committed: set[int] = set()
         self._commit_order: deque[int] = deque()
+        self.on_drop: Callable[[], None] = lambda: None  # told of each dropped fragment
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's queued items are the parent's to send."""
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self._queue = deque()
-        self._bytes = 0
+        self._put_bytes = self._taken_bytes = 0
         self.items = 0
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def fragments(self) -> int:
-        return sum(1 for item in list(self._queue) if isinstance(item, Entry))
+        return sum(1 for item in list(self._queue) if type(item) is not Commit)
 
-    def put(self, entry: Entry) -> bool:
-        """Number and queue ``entry``; False when the queue is full and it was dropped."""
-        nbytes = 8 * len(entry.values) + ENTRY_OVERHEAD
-        with self.lock:
-            step = entry.step
-            if step in self._committed:
-                raise FragmentError(
-                    f"step {step} was already committed by rank {self.rank}; log every "
-                    "fragment of a step before commit(step)"
-                )
-            entry.seq = self._seqs.get(step, 0)
-            self._seqs[step] = entry.seq + 1
-            self.items += 1
-            if len(self._queue) >= self.max_items or self._bytes + nbytes > self.max_bytes:
-                return False
-            self._queue.append(entry)
-            self._bytes += nbytes
+    def put(self, entry: Entry | Record) -> bool:
+        """Queue ``entry``; False when the queue is full and it was dropped (then
+        ``on_drop`` is told)."""
+        if type(entry) is tuple:
+            step, values = entry[0], entry[1]  # as many values as names
+        else:
+            step, values = entry.step, entry.values  # type: ignore[union-attr]
+        if step in self._committed:
+            raise FragmentError(
+                f"step {step} was already committed by rank {self.rank}; log every "
+                "fragment of a step before commit(step)"
+            )
+        self.items += 1
+        nbytes = 8 * len(values) + ENTRY_OVERHEAD
+        if (
+            len(self._queue) >= self.max_items
+            or self._put_bytes - self._taken_bytes + nbytes > self.max_bytes
+        ):
+            with self.lock:
+                self._dropped[step] = self._dropped.get(step, 0) + 1
+            self.on_drop()
+            return False
+        self._put_bytes += nbytes
+        self._queue.append(entry)
         return True
 
-    def commit(self, step: int) -> Commit:
-        """Queue the commit of ``step``: the number of fragments numbered for it."""
+    def commit(self, step: int) -> None:
+        """Queue the commit of ``step``, after every fragment queued for it."""
         with self.lock:
             if step in self._committed:
                 raise FragmentError(f"step {step} was already committed by rank {self.rank}")
-            commit = Commit(step, self.rank, self._seqs.pop(step, 0))
             self._committed.add(step)
             self._commit_order.append(step)
             if len(self._commit_order) > REMEMBERED_COMMITS:
                 self._committed.discard(self._commit_order.popleft())
             self.items += 1
-            self._queue.append(commit)  # never dropped: a commit is a few bytes
-        return commit
+            self._queue.append(Commit(step, self.rank, -1))  # a commit is never dropped
 
     def drain(self) -> list[Entry | Commit]:
-        """Everything queued, oldest first."""
-        with self.lock:
-            items = list(self._queue)
-            self._queue.clear()
-            self._bytes = 0
-        return items
+        """Everything queued, oldest first, numbered: on the draining thread only."""
+        out: list[Entry | Commit] = []
+        queue, seqs = self._queue, self._seqs
+        taken = 0
+        for _ in range(len(queue)):  # what was queued by now; later puts wait their turn
+            item = queue.popleft()
+            if isinstance(item, Commit):
+                step = item.step
+                with self.lock:
+                    dropped = self._dropped.pop(step, 0)
+                out.append(Commit(step, self.rank, seqs.pop(step, 0) + dropped))
+                continue
+            item = entry_of(item)
+            seq = seqs.get(item.step, 0)
+            item.seq, seqs[item.step] = seq, seq + 1
+            taken += 8 * len(item.values) + ENTRY_OVERHEAD
+            out.append(item)
+        self._taken_bytes += taken
+        return out

@@ -39,10 +39,7 @@ class Staged:
             x = t.item()
             values[i] = float(x)
             if t._version != version and reason is None:
-                reason = (
-                    f"metric {names[i]!r}: the tensor was changed in place after log(); "
-                    "log a fresh tensor (or .clone() it)"
-                )
+                reason = changed_message(names[i])
         self.held = self.at = self.versions = ()
         return reason
 
@@ -58,6 +55,14 @@ class Staged:
                     values[i] = _split(flat[at : at + size], tails, i)
                 at += size
         self.parts = []
+
+
+def changed_message(name: str) -> str:
+    """Why a held host tensor's value is refused."""
+    return (
+        f"metric {name!r}: the tensor was changed in place after log(); "
+        "log a fresh tensor (or .clone() it)"
+    )
 
 
 def _split(parts: list[float], tails: Tails, i: int) -> float:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from steptally.client.reporter.batch_loop import BatchLoop
-from steptally.client.reporter.capture import Entry
+from steptally.client.reporter.capture import Entry, Record
 from steptally.client.reporter.intake import Intake
 from steptally.client.reporter.options import ReporterOptions
 from steptally.client.reporter.outbox import Outbox
@@ -55,6 +55,7 @@ class Worker:
         base, cap = options.backoff_base_s, options.backoff_max_s
         self.backoff = Backoff(base, cap) if rng is None else Backoff(base, cap, rng)
         self.started = False
+        intake.on_drop = self._dropped_at_intake
         self._fresh_state()
 
     def _fresh_state(self) -> None:
@@ -90,15 +91,16 @@ class Worker:
 
     # -- the calling side ------------------------------------------------------------
 
-    def submit(self, entry: Entry) -> bool:
-        """Queue ``entry`` (numbered in its step); False when the queue was full and it
-        was dropped (counted). Starts the threads on first use."""
+    def submit(self, entry: Entry | Record) -> bool:
+        """Queue ``entry``; False when the queue was full and it was dropped (counted).
+        Starts the threads on first use; from then on ``submit`` is the intake's ``put``
+        itself, one Python call less on the training thread."""
         if not self.started:
             self.start()
-        if self.intake.put(entry):
-            return True
+        return self.intake.put(entry)
+
+    def _dropped_at_intake(self) -> None:
         self.drop(1, QUEUE_FULL, items=1)
-        return False
 
     def commit(self, step: int) -> None:
         """Queue the commit of ``step`` after every fragment numbered for it."""
@@ -111,6 +113,7 @@ class Worker:
             if self.started:
                 return
             self.started = True
+            self.submit = self.intake.put  # type: ignore[method-assign]
             for name, once in (("batcher", self.batch.once), ("sender", self.send.once)):
                 thread = threading.Thread(
                     target=self._loop, args=(name, once), name=f"steptally-{name}", daemon=True
@@ -125,6 +128,7 @@ class Worker:
         self.sender.reset_after_fork()
         self.counters = Counters()
         self.started = False
+        self.__dict__.pop("submit", None)  # the method again, which starts the threads
         self._fresh_state()
 
     def replay(self) -> int:

@@ -257,14 +257,14 @@ def test_cuda_tensors_arrive_without_a_sync_on_the_calling_thread(
 
 def test_a_cpu_tensor_is_read_off_thread_and_refused_if_changed_in_place() -> None:
     from steptally.client.algebra import Kind
-    from steptally.client.reporter.capture import Capture
+    from steptally.client.reporter.capture import Capture, entry_of
 
     capture = Capture({"a": Kind.SUM, "m": Kind.MAX, "n": Kind.COUNT})
     fresh, kept = torch.tensor(1.5), torch.tensor(2.0, dtype=torch.float32)
-    entry = capture(0, {"a": fresh, "m": kept, "n": torch.tensor(3)})
+    entry = entry_of(capture(0, {"a": fresh, "m": kept, "n": torch.tensor(3)}))
     assert entry.values == [0.0, 0.0, 3.0]  # the count is read (and checked) at once
     assert entry.resolve() is None and entry.values == [1.5, 2.0, 3.0]
-    changed = capture(1, {"a": fresh, "m": kept})
+    changed = entry_of(capture(1, {"a": fresh, "m": kept}))
     kept.add_(1.0)
     reason = changed.resolve()
     assert reason is not None and "'m': the tensor was changed in place after log()" in reason
@@ -274,17 +274,32 @@ def test_a_cpu_tensor_is_read_off_thread_and_refused_if_changed_in_place() -> No
         capture(2, {"m": torch.tensor([[1.0, 2.0]])})
 
 
+def test_a_logged_host_tensor_changed_in_place_is_never_sent_with_its_new_value(
+    reporter: Reporter, service: FakeService
+) -> None:
+    kept = [torch.tensor(float(step)) for step in range(20)]
+    for step, t in enumerate(kept):
+        reporter.log(step, {"loss_num": t, "ratio_max": torch.tensor(0.5)})
+        t.add_(100.0)  # before the background thread reads it, nearly always
+        reporter.commit(step)
+    assert reporter.flush(10)
+    sent = {s: row["loss_num"] for (s, _, _), row in service.fragments.items()}
+    assert all(value == float(step) for step, value in sent.items())  # never the new value
+    assert reporter.stats().rejected == 20 - len(sent) and len(sent) < 20
+
+
 def test_a_dict_of_host_tensors_is_checked_at_once_and_read_exactly_off_thread() -> None:
     from steptally.client.algebra import Kind
-    from steptally.client.reporter.capture import Capture
+    from steptally.client.reporter.capture import Capture, entry_of
 
     capture = Capture({"a": Kind.SUM, "b": Kind.MIN, "c": Kind.MAX, "d": Kind.SUM})
     x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True) * 3
     f32 = torch.tensor(0.1, dtype=torch.float32)
     big = torch.tensor(2**60 + 1)
-    entry = capture(0, {"a": x, "b": f32, "c": torch.tensor([[7]]), "d": big})
-    assert entry.values == [0.0, 0.0, 0.0, 0.0]  # nothing read on the calling thread
-    assert entry.staged is not None and list(entry.staged.held)[1] is f32
+    entry = entry_of(capture(0, {"a": x, "b": f32, "c": torch.tensor([[7]]), "d": big}))
+    # nothing read on the calling thread: the entry holds the tensors and their versions
+    assert entry.versions is not None and list(entry.versions) == [0, 0, 0, 0]
+    assert all(type(v) is torch.Tensor for v in entry.values) and entry.values[1] is f32
     assert entry.resolve() is None
     assert entry.values == [0.30000000000000004, 0.10000000149011612, 7.0, 2.0**60]
     assert [v.hex() for v in entry.values] == [
@@ -300,3 +315,50 @@ def test_a_dict_of_host_tensors_is_checked_at_once_and_read_exactly_off_thread()
     ]:
         with pytest.raises(FragmentError, match=words):
             capture(1, {"a": torch.tensor(1.0), "c": bad})
+
+
+def test_fragments_with_their_names_in_another_order_keep_each_value_with_its_name() -> None:
+    from steptally.client.algebra import Kind
+    from steptally.client.reporter.capture import Capture, entry_of
+
+    capture = Capture({"a": Kind.SUM, "b": Kind.MIN, "c": Kind.MAX})
+    first = entry_of(capture(0, {"a": 1.0, "b": 2.0, "c": 3.0}))
+    same = entry_of(capture(0, {"a": 4.0, "b": 5.0, "c": 6.0}))
+    other = entry_of(capture(0, {"c": 7.0, "a": 8.0, "b": 9.0}))
+    fewer = entry_of(capture(0, {"b": 10.0, "a": 11.0}))
+    assert same.names is first.names  # one tuple of names while the order holds
+    assert dict(zip(other.names, other.values, strict=True)) == {"a": 8.0, "b": 9.0, "c": 7.0}
+    assert dict(zip(fewer.names, fewer.values, strict=True)) == {"a": 11.0, "b": 10.0}
+    held = entry_of(capture(0, {"c": torch.tensor(1.0), "a": torch.tensor(2.5)}))
+    assert held.resolve() is None
+    assert dict(zip(held.names, held.values, strict=True)) == {"a": 2.5, "c": 1.0}
+
+
+@pytest.mark.parametrize(("tensors", "most"), [(False, 1), (True, 1)])
+def test_a_fast_log_makes_few_objects_for_the_garbage_collector(tensors: bool, most: int) -> None:
+    """A cyclic collection starts inside whichever call crosses the allocation
+    threshold: each object a log() leaves for the collector makes that call likelier
+    to be one (a dict of floats once made 3, of host tensors 6; now one tuple each)."""
+    import gc
+
+    from steptally.client.algebra import Kind
+    from steptally.client.reporter.capture import Capture
+
+    names = [f"m{i:02d}" for i in range(32)]
+    capture = Capture(dict.fromkeys(names, Kind.SUM))
+
+    def value(i: int) -> object:
+        return torch.tensor(float(i), dtype=torch.float64) if tensors else float(i)
+
+    rows = [{n: value(i) for i, n in enumerate(names)} for _ in range(64)]
+    capture(0, rows[0])
+    kept = []
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for row in rows[1:]:
+            kept.append(capture(1, row))
+        made = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert made <= most * (len(rows) - 1)
