@@ -148,6 +148,8 @@ class Capture:
     kept, so that a loop logging the same names reuses one tuple of them.
     """
 
+    __slots__ = ("_order", "counts", "kinds", "names")
+
     def __init__(self, kinds: Mapping[str, Kind]) -> None:
         self.kinds = dict(kinds)
         self.names = frozenset(kinds)
