@@ -29,6 +29,7 @@ def open_store(settings: Settings) -> Store:
         settings.ingest_group_max_batches,
         settings.ingest_group_max_bytes,
         database_limits(settings),
+        settings.ingest_group_max_wait_s,
     )
     if settings.redis_url is None:
         return sql

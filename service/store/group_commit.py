@@ -11,7 +11,9 @@ waiter with its own outcome. If the transaction itself fails (the ``COMMIT`` or 
 rollback to a savepoint), every batch of the group fails. The leader keeps leading
 until its own batch is done; then the next waiter in line takes over.
 
-A batch never waits for a timer: a lone batch is a group of one and runs as before.
+By default a batch never waits for a timer: a lone batch is a group of one and runs
+as before. With ``max_wait_s`` a leader that finds the queue short waits at most that
+long for more batches first (a bounded wait, off unless set).
 
 Each waiter sleeps on a condition of its own (over the queue's one lock), so a group's
 end wakes only the requests of that group and the next leader, not every waiter: with
@@ -22,6 +24,7 @@ few thread switches.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,12 +64,20 @@ class GroupCommit:
     """
 
     def __init__(
-        self, run_group: Callable[[list[Pending]], None], max_batches: int, max_bytes: int
+        self,
+        run_group: Callable[[list[Pending]], None],
+        max_batches: int,
+        max_bytes: int,
+        max_wait_s: float = 0.0,
     ) -> None:
+        """``max_wait_s`` > 0: a leader that finds fewer than ``max_batches`` batches
+        queued waits that long at most for more before it starts the transaction."""
         self._run_group = run_group
         self._max_batches = max_batches
         self._max_bytes = max_bytes
+        self._max_wait_s = max_wait_s
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # a waiting leader sleeps on it
         self._queue: deque[Pending] = deque()
         self._leading = False
 
@@ -79,6 +90,7 @@ class GroupCommit:
         item = Pending(run, batch, now, batch_bytes(batch), threading.Condition(self._lock))
         with self._lock:
             self._queue.append(item)
+            self._arrived.notify()
             while self._leading and not item.done:
                 item.wake.wait()
             lead = not item.done
@@ -100,6 +112,12 @@ class GroupCommit:
 
     def _one_group(self) -> None:
         with self._lock:
+            if self._max_wait_s > 0 and len(self._queue) < self._max_batches:
+                deadline = time.monotonic() + self._max_wait_s
+                while len(self._queue) < self._max_batches:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._arrived.wait(left):
+                        break
             group = [self._queue.popleft()]
             size = group[0].size
             while (

@@ -55,9 +55,10 @@ class SqlStore:
         engine: Engine,
         group_max_batches: int | None = None,
         group_max_bytes: int = 16 << 20,
+        group_max_wait_s: float = 0.0,
     ) -> None:
-        """``group_max_batches`` None picks the database's default (64 on SQLite, 1 — no
-        grouping — on PostgreSQL)."""
+        """``group_max_batches`` None picks the database's default (64: see
+        :mod:`.dialect`); ``group_max_wait_s`` bounds a leader's wait for more batches."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
@@ -65,7 +66,7 @@ class SqlStore:
         if group_max_batches is None:
             group_max_batches = self.dialect.default_group
         self._group = (
-            GroupCommit(self._ingest_group, group_max_batches, group_max_bytes)
+            GroupCommit(self._ingest_group, group_max_batches, group_max_bytes, group_max_wait_s)
             if group_max_batches > 1
             else None
         )
@@ -77,9 +78,10 @@ class SqlStore:
         group_max_batches: int | None = None,
         group_max_bytes: int = 16 << 20,
         limits: DatabaseLimits | None = None,
+        group_max_wait_s: float = 0.0,
     ) -> SqlStore:
         """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``."""
-        store = cls(make_engine(url, limits), group_max_batches, group_max_bytes)
+        store = cls(make_engine(url, limits), group_max_batches, group_max_bytes, group_max_wait_s)
         store.url = url
         return store
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import cast
 
 from steptally.service.domain.batch import PreparedBatch
@@ -113,3 +114,37 @@ def test_many_submitters_never_hang() -> None:
         t.join(30)
         assert not t.is_alive()
     assert sorted(seen) == sorted(t for t in range(8) for _ in range(rounds))
+
+
+def test_a_bounded_wait_lets_a_late_batch_join_the_group() -> None:
+    groups: list[list[int]] = []
+
+    def run_group(batches: list[Pending]) -> None:
+        groups.append([p.batch.commits[(0, 0)] for p in batches])
+        for p in batches:
+            p.outcome = IngestOutcome(accepted=0, duplicates=0, commits=0)
+
+    group = GroupCommit(run_group, max_batches=2, max_bytes=1 << 20, max_wait_s=5.0)
+    first = threading.Thread(target=group.submit, args=(NO_RUN, _batch(0), 0.0))
+    first.start()
+    threading.Event().wait(0.05)  # the leader waits for a second batch
+    assert groups == []
+    group.submit(NO_RUN, _batch(1), 0.0)  # fills the group: no need to wait longer
+    first.join(10)
+    assert groups == [[0, 1]]
+
+
+def test_the_wait_is_bounded() -> None:
+    groups: list[int] = []
+
+    def run_group(batches: list[Pending]) -> None:
+        groups.append(len(batches))
+        for p in batches:
+            p.outcome = IngestOutcome(accepted=0, duplicates=0, commits=0)
+
+    group = GroupCommit(run_group, max_batches=8, max_bytes=1 << 20, max_wait_s=0.02)
+    t0 = time.monotonic()
+    group.submit(NO_RUN, _batch(0), 0.0)
+    took = time.monotonic() - t0
+    assert groups == [1]
+    assert 0.02 <= took < 2.0
