@@ -157,15 +157,19 @@ class Capture:
         self._order: tuple[str, ...] = ()
 
     def __call__(self, step: int, fragments: Mapping[str, object]) -> Entry | Record:
-        if type(fragments) is dict and fragments and fragments.keys() <= self.names:
+        if type(fragments) is dict and fragments:
+            n = len(fragments)
+            names = self._order  # names already checked, in the last fast call's order
+            if len(names) != n or countOf(map(eq, fragments, names), True) != n:
+                if not fragments.keys() <= self.names:
+                    return capture(step, fragments, self.kinds)  # says which is unknown
+                names = ()
             values = fragments.values()
-            n = len(values)
             if countOf(map(type, values), float) == n:
                 for name in self.counts.intersection(fragments) if self.counts else ():
                     if not _is_count(fragments[name]):
                         raise FragmentError(_count_message(name, fragments[name]))
-                names = self._order  # the last call's tuple when the names match
-                if len(names) != n or countOf(map(eq, fragments, names), True) != n:
+                if not names:
                     names = self._order = tuple(fragments)
                 return (step, names, False, *values)
             if not self.counts or self.counts.isdisjoint(fragments):
@@ -175,7 +179,8 @@ class Capture:
         return capture(step, fragments, self.kinds)
 
     def order(self, fragments: dict[str, object]) -> tuple[str, ...]:
-        """The names of ``fragments`` in order: the last call's tuple when they match."""
+        """The names of ``fragments`` (all known) in order: the last call's tuple when
+        they match."""
         last = self._order
         if len(last) != len(fragments) or countOf(map(eq, fragments, last), True) != len(last):
             last = self._order = tuple(fragments)
