@@ -177,8 +177,14 @@ class PipelineText:
     update_steps: str  # %(run)s, %(step)s, %(<field>)s of STEP_FIELDS
     upsert_values: str  # %(run_id)s and an array per step_values column
     drop_empty_steps: str  # %(run)s, %(steps)s, %(open)s
+    copy_table: str  # creates (once per transaction) the table a large batch is copied to
+    copy_fragments: str  # COPY of fragments rows, every column, binary
+    copy_types: tuple[str, ...]  # their types, for the binary COPY
+    insert_copied: str  # the copied rows into fragments, RETURNING the new keys
+    clear_copied: str
 
 
+_COPIED = "steptally_fragments_in"
 _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
 _value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
 
@@ -198,6 +204,16 @@ PIPELINE = PipelineText(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
+    copy_table=(
+        f"CREATE TEMP TABLE IF NOT EXISTS {_COPIED} (LIKE {FRAGMENTS.name}) ON COMMIT DELETE ROWS"
+    ),
+    copy_fragments=f"COPY {_COPIED} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)",
+    copy_types=tuple(_type(c) for c in FRAGMENTS.c),
+    insert_copied=(
+        f"INSERT INTO {FRAGMENTS.name} SELECT * FROM {_COPIED} ON CONFLICT DO NOTHING "
+        "RETURNING step, rank, seq"
+    ),
+    clear_copied=f"DELETE FROM {_COPIED}",
     drop_empty_steps=(
         f"DELETE FROM steps WHERE run_id = %(run)s AND step = ANY({_array(STEPS.c.step, 'steps')}) "
         f"AND status = {_param(STEPS.c.status, 'open')} AND committed_ranks = 0 AND received = 0"
