@@ -4,7 +4,10 @@ Each of RANKS local processes (spawned) plays a training rank. Per step it logs
 MICROBATCHES fragments of METRICS values with ``Reporter.log()`` and then calls
 ``commit()``; the clock measures only the calling (training) thread. Between steps
 the rank does GAP_MS of CPU matrix products (the rest of a training step), so that the
-CPU stays busy as in training. The reporters post over real sockets to a minimal HTTP
+CPU stays busy as in training. With ``--spread`` the same work is split between the
+microbatches (work, ``log()``, work, ``log()``, ...), as a training loop that logs
+after each microbatch's backward does: every call then starts with caches that the
+work has cooled, as only a step's first call does by default. The reporters post over real sockets to a minimal HTTP
 stub in the parent process that answers 200 at once (a stand-in for a remote service;
 the service itself is benchmarked by ingest.py), so their background threads do their
 real work (batching, encoding, gzip, HTTP) on the same CPUs as the training threads.
@@ -24,12 +27,13 @@ core).
 
 Usage:
     python bench/reporter_log.py [--ranks 8] [--steps 300] [--metrics 32] [--microbatches 8]
-                                 [--why]
+                                 [--why] [--spread] [--record LABEL]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import gc
 import multiprocessing
 import os
@@ -43,6 +47,7 @@ import time
 import warnings
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 _THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
@@ -133,6 +138,8 @@ def _time_reporter(
                 rows.append(row)
             total = 0
             for mb, row in enumerate(rows):
+                if args.spread:
+                    _compute(args.gap_ms / args.microbatches)
                 dt = _timed(reporter.log, (step, row), _why(args, step, why), mb == 0)
                 total += dt
                 if step >= args.warmup:
@@ -142,7 +149,8 @@ def _time_reporter(
             total += clock() - t0
             if step >= args.warmup:
                 steps.append(total / 1e3)
-            _compute(args.gap_ms)
+            if not args.spread:
+                _compute(args.gap_ms)
         assert reporter.flush(60), reporter.stats()
     return {"call": calls, "step": steps, "why": why}
 
@@ -169,6 +177,8 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
         ]
         total = 0
         for mb, row in enumerate(rows):
+            if args.spread:
+                _compute(args.gap_ms / args.microbatches)
             dt = _timed(touch, (row,), _why(args, step, why), mb == 0)
             total += dt
             if step >= args.warmup:
@@ -176,7 +186,8 @@ def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
         if step >= args.warmup:
             steps.append(total / 1e3)
         kept.clear()
-        _compute(args.gap_ms)
+        if not args.spread:
+            _compute(args.gap_ms)
     return {"call": calls, "step": steps, "why": why}
 
 
@@ -268,6 +279,18 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--gap-ms", type=float, default=20.0, help="CPU work between steps")
     p.add_argument("--why", action="store_true", help="tell apart the causes of the tail")
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="spread the CPU work over the microbatches (work, log(), work, log(), ...) "
+        "as a training loop does, so that every call is a step's first: cold",
+    )
+    p.add_argument(
+        "--record",
+        metavar="LABEL",
+        help="keep this run's call quantiles as LABEL in bench/results/reporter_log.csv "
+        "and redraw bench/results/reporter_log.png from every label kept there",
+    )
     args = p.parse_args()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -288,12 +311,85 @@ def main() -> None:
         proc.join()
     stub.close()
     _print_table(args, merged)
+    if args.record:
+        _record(args, merged)
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# the quantiles kept per row: dense in the tail, where the target is
+QUANTILES = [q / 100 for q in range(1, 90, 2)] + [0.9 + q / 1000 for q in range(0, 100)]
+QUANTILES += [0.999, 0.9995, 0.9999]
+PLOTTED = ("log() floats", "log() cpu tensors", "floor: list of the values")
+
+
+def _record(args: argparse.Namespace, merged: dict[str, dict[str, list[Any]]]) -> None:
+    """Replace LABEL's rows in reporter_log.csv with this run's, and redraw the plot."""
+    path = RESULTS / "reporter_log.csv"
+    rows: list[dict[str, str]] = []
+    if path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if r["label"] != args.record]
+    load = f"{os.getloadavg()[0]:.2f}"
+    for name in PLOTTED:
+        calls = merged[name]["call"]
+        for q in QUANTILES:
+            rows.append(
+                {
+                    "label": args.record,
+                    "row": name,
+                    "ranks": str(args.ranks),
+                    "quantile": f"{q:.4f}",
+                    "us": f"{_quantile(calls, q):.3f}",
+                    "load_avg_1m": load,
+                }
+            )
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    _plot(rows, RESULTS / "reporter_log.png")
+    print(f"kept as {args.record!r} in {path}; plot in {path.with_suffix('.png')}")
+
+
+def _plot(rows: list[dict[str, str]], out: Path) -> None:
+    """One panel per row: time per call against the share of calls slower than it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(15, 4.8), sharey=True)
+    for ax, name in zip(axes, PLOTTED, strict=True):
+        for label in labels:
+            mine = [r for r in rows if r["label"] == label and r["row"] == name]
+            if not mine:
+                continue
+            xs = [1 - float(r["quantile"]) for r in mine]
+            ys = [float(r["us"]) for r in mine]
+            ax.plot(xs, ys, marker=".", markersize=3, label=f"{label} ({mine[0]['ranks']} ranks)")
+        ax.axhline(20, color="grey", linestyle="--", linewidth=1)
+        ax.axvline(0.01, color="grey", linestyle=":", linewidth=1)
+        ax.text(0.0105, 21, "target: p99 < 20 µs", color="grey", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.invert_xaxis()
+        ax.set_title(name)
+        ax.set_xlabel("share of calls slower (log; right = the tail)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("time on the training thread per call, µs (log)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Reporter.log(): 32 metrics per call, 8 calls per step, 2 CPUs")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def _print_table(args: argparse.Namespace, merged: dict[str, dict[str, list[Any]]]) -> None:
     print(
         f"{args.ranks} ranks × {args.microbatches} microbatches × {args.metrics} metrics, "
-        f"{args.steps} steps, {args.gap_ms:g} ms of CPU work between steps, "
+        f"{args.steps} steps, {args.gap_ms:g} ms of CPU work "
+        f"{'spread over the microbatches' if args.spread else 'between steps'}, "
         f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
     )
     anchor = statistics.median(merged["all_reduce per microbatch"]["step"])
