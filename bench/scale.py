@@ -144,7 +144,11 @@ class Replica:
 
 
 def _env(redis_prefix: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTALLY_")}
+    # the caller's settings stay out, but for the ingest group's (to compare them)
+    keep = ("STEPTALLY_INGEST_GROUP_",)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("STEPTALLY_") or k.startswith(keep)
+    }
     if redis_prefix is not None:
         env["STEPTALLY_REDIS_URL"] = REDIS_URL
         env["STEPTALLY_REDIS_PREFIX"] = redis_prefix

@@ -30,8 +30,8 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=1.0, gt=0)
     default_step_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     # group commit: at most this many batches (and bytes of values) share a transaction;
-    # 1 gives every batch its own transaction. Unset: 64 (service/store/dialect.py;
-    # bench/README.md, Scale)
+    # 1 gives every batch its own transaction. Unset: 64 on SQLite, 1 on PostgreSQL
+    # (service/store/dialect.py; bench/README.md, Scale)
     ingest_group_max_batches: int | None = Field(default=None, ge=1)
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # and a leader that finds fewer queued waits at most this long for more (0: never)

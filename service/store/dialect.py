@@ -5,10 +5,10 @@ its engine (:func:`dialect_for`); nothing else in the store asks which database 
 talks to. A dialect brings:
 
 * ``sql``: its :class:`~steptally.service.store.sql_statement.Statements`;
-* ``default_group``: how many batches share a transaction unless set (64 on both: on
-  SQLite each commit is an fsync that grouping saves; on PostgreSQL a group of one run
-  is one batch's statements, which roughly halves the server's and the database's CPU
-  per batch, see ``bench/README.md``);
+* ``default_group``: how many batches share a transaction unless set (SQLite 64, where
+  each commit is an fsync that grouping saves; PostgreSQL 1: grouping gains a lone
+  replica about half its throughput but cost two replicas on one database a third of
+  theirs, see ``bench/README.md``, Scale);
 * ``writer_lock()``: what the writers of one store queue on (SQLite has one writer at a
   time; PostgreSQL locks rows);
 * ``for_update(stmt)``: a read that locks its rows until the transaction ends;

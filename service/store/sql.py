@@ -57,8 +57,9 @@ class SqlStore:
         group_max_bytes: int = 16 << 20,
         group_max_wait_s: float = 0.0,
     ) -> None:
-        """``group_max_batches`` None picks the database's default (64: see
-        :mod:`.dialect`); ``group_max_wait_s`` bounds a leader's wait for more batches."""
+        """``group_max_batches`` None picks the database's default (64 on SQLite, 1 on
+        PostgreSQL: see :mod:`.dialect`); ``group_max_wait_s`` bounds a leader's wait
+        for more batches."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)

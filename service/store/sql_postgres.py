@@ -47,7 +47,7 @@ class PostgresDialect:
 
     name = "postgresql"
     sql = core(postgresql.insert)
-    default_group = 64
+    default_group = 1
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()  # writers meet on the rows they lock
