@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -21,6 +22,7 @@ from fastapi.testclient import TestClient
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
 from steptally.service.store.migration import upgrade
+from tests.support.redis_server import SHARED_REDIS, delete_prefix, private_prefix
 
 TABLES = ("partials", "step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
 
@@ -183,3 +185,19 @@ def api(client: TestClient) -> Api:
 def api_of() -> type[Api]:
     """``api_of(client)``: the same helper over another client (another replica)."""
     return Api
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A private key prefix on the shared Redis, its keys deleted afterwards."""
+    prefix = private_prefix()
+    yield prefix
+    delete_prefix(SHARED_REDIS, prefix)
+
+
+@pytest.fixture
+def shared_redis() -> Iterator[redis.Redis]:
+    """A client of the shared Redis."""
+    client = redis.Redis.from_url(SHARED_REDIS)
+    yield client
+    client.close()

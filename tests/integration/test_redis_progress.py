@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +21,12 @@ from steptally.service.coordination.progress import ProgressBoard, run_key
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.query import step_json
 from tests.integration.conftest import Api, AppFactory, Clock, _empty
-from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
+from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix
 
 pytestmark = pytest.mark.redis
 
 TIMEOUT_S = 10.0
 WORLD = 4
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    name = private_prefix()
-    yield name
-    delete_prefix(SHARED_REDIS, name)
-
-
-@pytest.fixture
-def shared() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(SHARED_REDIS)
-    yield client
-    client.close()
 
 
 @pytest.fixture
@@ -58,8 +43,8 @@ def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
-def _started(make_client: AppFactory, url: str, prefix: str) -> tuple[FastAPI, Api]:
-    app, client = make_client(redis_url=url, redis_prefix=prefix)
+def _started(make_client: AppFactory, url: str, redis_prefix: str) -> tuple[FastAPI, Api]:
+    app, client = make_client(redis_url=url, redis_prefix=redis_prefix)
     api = Api(client)
     assert api.register(world_size=WORLD, step_timeout_s=TIMEOUT_S).status_code in (200, 201)
     return app, api
@@ -92,12 +77,12 @@ def _run_key(app: FastAPI) -> str:
     return run_key(run.id, run.created_at)
 
 
-def _held(client: redis.Redis, prefix: str, run_id: str, step: int) -> dict[int, int]:
-    return ProgressBoard(client, RedisKeys(prefix)).read(run_id, [step])[step]
+def _held(client: redis.Redis, redis_prefix: str, run_id: str, step: int) -> dict[int, int]:
+    return ProgressBoard(client, RedisKeys(redis_prefix)).read(run_id, [step])[step]
 
 
-def _keys(client: redis.Redis, prefix: str, run_id: str, step: int) -> int:
-    keys = RedisKeys(prefix)
+def _keys(client: redis.Redis, redis_prefix: str, run_id: str, step: int) -> int:
+    keys = RedisKeys(redis_prefix)
     return int(
         client.exists(keys.progress_ranks(run_id, step), keys.progress_declared(run_id, step))
     )
@@ -119,18 +104,18 @@ def _mixed_ingest(a: Api, b: Api) -> None:
 
 
 def test_progress_matches_the_database_after_a_mixed_ingest_across_two_replicas(
-    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+    make_client: AppFactory, redis_prefix: str, shared_redis: redis.Redis, fallbacks: list[int]
 ) -> None:
-    app_a, a = _started(make_client, SHARED_REDIS, prefix)
-    app_b, b = _started(make_client, SHARED_REDIS, prefix)
+    app_a, a = _started(make_client, SHARED_REDIS, redis_prefix)
+    app_b, b = _started(make_client, SHARED_REDIS, redis_prefix)
     _mixed_ingest(a, b)
     run_id = _run_key(app_a)
-    assert _held(shared, prefix, run_id, 0) == {0: 3, 1: 2, 2: 1}
-    raw = shared.get(RedisKeys(prefix).progress_ranks(run_id, 0))
+    assert _held(shared_redis, redis_prefix, run_id, 0) == {0: 3, 1: 2, 2: 1}
+    raw = shared_redis.get(RedisKeys(redis_prefix).progress_ranks(run_id, 0))
     assert raw == b"\xe0"  # bits 0, 1 and 2: one byte for the three ranks
-    assert _held(shared, prefix, run_id, 1) == {}
-    assert _keys(shared, prefix, run_id, 1) == 0  # fragments alone write nothing
-    assert _keys(shared, prefix, run_id, 2) == 0  # completed: its keys are gone
+    assert _held(shared_redis, redis_prefix, run_id, 1) == {}
+    assert _keys(shared_redis, redis_prefix, run_id, 1) == 0  # fragments alone write nothing
+    assert _keys(shared_redis, redis_prefix, run_id, 2) == 0  # completed: its keys are gone
     for api in (a, b):
         for step in (0, 1):
             body = api.step(step)
@@ -152,36 +137,36 @@ def test_progress_matches_the_database_after_a_mixed_ingest_across_two_replicas(
 
 
 def test_a_wiped_redis_is_read_around_then_rebuilt_from_the_database(
-    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+    make_client: AppFactory, redis_prefix: str, shared_redis: redis.Redis, fallbacks: list[int]
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     assert app.state.service.sweep() == []  # builds the (empty) schedule
     _send(api, 0, 0, range(2), commit=2)
     _send(api, 0, 1, range(1), commit=1)
     run_id = _run_key(app)
-    delete_prefix(SHARED_REDIS, prefix)  # the wipe
+    delete_prefix(SHARED_REDIS, redis_prefix)  # the wipe
     assert api.step(0) == _database_view(app, 0)
     assert fallbacks == [0]  # nothing in Redis, the row says two commits
     _send(api, 0, 2, range(1), commit=1)  # Redis now holds rank 2 alone
-    assert _held(shared, prefix, run_id, 0) == {2: 1}
+    assert _held(shared_redis, redis_prefix, run_id, 0) == {2: 1}
     body = api.step(0)
     assert body == _database_view(app, 0)
     assert (body["ranks_committed"], body["ranks_missing"]) == ([0, 1, 2], [3])
     assert fallbacks == [0, 0]
     assert app.state.service.sweep() == []  # the built marker is gone: rebuild
-    assert _held(shared, prefix, run_id, 0) == {0: 2, 1: 1, 2: 1}
+    assert _held(shared_redis, redis_prefix, run_id, 0) == {0: 2, 1: 1, 2: 1}
     assert api.step(0) == _database_view(app, 0)
     assert fallbacks == [0, 0]  # Redis agrees again
 
 
 def test_a_wrong_value_in_redis_is_never_shown_nor_finalised(
-    make_client: AppFactory, prefix: str, shared: redis.Redis, fallbacks: list[int]
+    make_client: AppFactory, redis_prefix: str, shared_redis: redis.Redis, fallbacks: list[int]
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     _send(api, 0, 0, range(1), commit=1)
     run_id = _run_key(app)
-    keys = RedisKeys(prefix)
-    shared.setbit(keys.progress_ranks(run_id, 0), 3, 1)  # a rank that never committed
+    keys = RedisKeys(redis_prefix)
+    shared_redis.setbit(keys.progress_ranks(run_id, 0), 3, 1)  # a rank that never committed
     body = api.step(0)
     assert body == _database_view(app, 0)
     assert body["ranks_committed"] == [0]
@@ -196,18 +181,18 @@ def test_a_wrong_value_in_redis_is_never_shown_nor_finalised(
     )
     assert body["metrics"]["a"]["value"] == 0.25 + 0.5 + 0.75 + 1.0
     assert body["metrics"]["n"]["value"] == 4
-    assert _keys(shared, prefix, run_id, 0) == 0
+    assert _keys(shared_redis, redis_prefix, run_id, 0) == 0
 
 
 def test_a_replica_whose_write_was_lost_is_read_around_until_its_sweep_rebuilds(
     make_client: AppFactory,
-    prefix: str,
-    shared: redis.Redis,
+    redis_prefix: str,
+    shared_redis: redis.Redis,
     fallbacks: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    app_a, a = _started(make_client, SHARED_REDIS, prefix)
-    app_b, b = _started(make_client, SHARED_REDIS, prefix)
+    app_a, a = _started(make_client, SHARED_REDIS, redis_prefix)
+    app_b, b = _started(make_client, SHARED_REDIS, redis_prefix)
     assert app_a.state.service.sweep() == []
     _send(b, 0, 0, range(1), commit=1)
 
@@ -219,13 +204,13 @@ def test_a_replica_whose_write_was_lost_is_read_around_until_its_sweep_rebuilds(
         _send(a, 0, 1, range(2), commit=2)  # acknowledged: it is in the database
     _send(b, 0, 2, range(1), commit=1)
     run_id = _run_key(app_b)
-    assert _held(shared, prefix, run_id, 0) == {0: 1, 2: 1}
+    assert _held(shared_redis, redis_prefix, run_id, 0) == {0: 1, 2: 1}
     body = b.step(0)
     assert body == _database_view(app_b, 0)
     assert (body["ranks_committed"], body["ranks_missing"]) == ([0, 1, 2], [3])
     assert fallbacks == [0]
     assert app_a.state.service.sweep() == []  # a talks to Redis again: it rebuilds first
-    assert _held(shared, prefix, run_id, 0) == {0: 1, 1: 2, 2: 1}
+    assert _held(shared_redis, redis_prefix, run_id, 0) == {0: 1, 1: 2, 2: 1}
     assert b.step(0) == body
     assert fallbacks == [0]
 
@@ -234,20 +219,20 @@ def test_a_recreated_database_never_reads_an_earlier_ones_progress(
     make_client: AppFactory,
     db_url: str,
     clock: Clock,
-    prefix: str,
-    shared: redis.Redis,
+    redis_prefix: str,
+    shared_redis: redis.Redis,
     fallbacks: list[int],
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     _send(api, 0, 0, range(1), commit=1)
     earlier = _run(app)
     _empty(db_url)  # the database recreated; Redis keeps the earlier keys
     clock.now += 1
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     assert _run(app).id == earlier.id  # the same run id, registered anew
     _send(api, 0, 1, range(1), commit=1)
-    assert _held(shared, prefix, run_key(earlier.id, earlier.created_at), 0) == {0: 1}
-    assert _held(shared, prefix, _run_key(app), 0) == {1: 1}
+    assert _held(shared_redis, redis_prefix, run_key(earlier.id, earlier.created_at), 0) == {0: 1}
+    assert _held(shared_redis, redis_prefix, _run_key(app), 0) == {1: 1}
     body = api.step(0)
     assert (body["ranks_committed"], body["ranks_missing"]) == ([1], [0, 2, 3])
     assert body == _database_view(app, 0)
@@ -287,23 +272,23 @@ def test_redis_away_steps_are_read_from_the_database(
 
 
 def test_finalised_steps_leave_no_keys(
-    make_client: AppFactory, clock: Clock, prefix: str, shared: redis.Redis
+    make_client: AppFactory, clock: Clock, redis_prefix: str, shared_redis: redis.Redis
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     assert app.state.service.sweep() == []
     for step in range(3):
         _send(api, step, 0, range(1), commit=1)
     run_id = _run_key(app)
-    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [2, 2, 2]
+    assert [_keys(shared_redis, redis_prefix, run_id, s) for s in range(3)] == [2, 2, 2]
     for rank in range(1, WORLD):
         _send(api, 1, rank, range(1), commit=1)  # completes step 1
-    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [2, 0, 2]
+    assert [_keys(shared_redis, redis_prefix, run_id, s) for s in range(3)] == [2, 0, 2]
     clock.now += TIMEOUT_S + 1
     done = app.state.service.sweep()
     assert sorted((f.step, f.status.value) for f in done) == [(0, "partial"), (2, "partial")]
-    assert [_keys(shared, prefix, run_id, s) for s in range(3)] == [0, 0, 0]
-    ttl = shared.ttl(RedisKeys(prefix).progress_ranks(run_id, 5))
+    assert [_keys(shared_redis, redis_prefix, run_id, s) for s in range(3)] == [0, 0, 0]
+    ttl = shared_redis.ttl(RedisKeys(redis_prefix).progress_ranks(run_id, 5))
     assert ttl == -2  # never written
     _send(api, 5, 0, range(1), commit=1)
-    ttl = shared.ttl(RedisKeys(prefix).progress_ranks(run_id, 5))
+    ttl = shared_redis.ttl(RedisKeys(redis_prefix).progress_ranks(run_id, 5))
     assert TIMEOUT_S + 3600 - 5 <= ttl <= TIMEOUT_S + 3600

@@ -18,7 +18,7 @@ from steptally.service.coordination.keys import RedisKeys
 from steptally.service.coordination.schedule import DeadlineSchedule, Due
 from steptally.service.store.protocol import FinalisedStep
 from tests.integration.conftest import Api, AppFactory, Clock
-from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
+from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix
 from tests.support.served import free_port
 
 pytestmark = pytest.mark.redis
@@ -26,22 +26,8 @@ pytestmark = pytest.mark.redis
 TIMEOUT_S = 10.0
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    name = private_prefix()
-    yield name
-    delete_prefix(SHARED_REDIS, name)
-
-
-@pytest.fixture
-def shared() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(SHARED_REDIS)
-    yield client
-    client.close()
-
-
-def _scheduled(client: redis.Redis, prefix: str) -> dict[str, float]:
-    rows = client.zrange(RedisKeys(prefix).deadlines, 0, -1, withscores=True)
+def _scheduled(client: redis.Redis, redis_prefix: str) -> dict[str, float]:
+    rows = client.zrange(RedisKeys(redis_prefix).deadlines, 0, -1, withscores=True)
     return {raw.decode(): score for raw, score in rows}
 
 
@@ -62,32 +48,32 @@ def _run_id(app: FastAPI) -> int:
     return run_id
 
 
-def _started(make_client: AppFactory, url: str, prefix: str) -> tuple[FastAPI, Api]:
-    app, client = make_client(redis_url=url, redis_prefix=prefix)
+def _started(make_client: AppFactory, url: str, redis_prefix: str) -> tuple[FastAPI, Api]:
+    app, client = make_client(redis_url=url, redis_prefix=redis_prefix)
     api = Api(client)
     assert api.register(step_timeout_s=TIMEOUT_S).status_code in (200, 201)
     return app, api
 
 
 def test_open_steps_are_scheduled_and_timed_out_from_redis(
-    make_client: AppFactory, clock: Clock, prefix: str, shared: redis.Redis
+    make_client: AppFactory, clock: Clock, redis_prefix: str, shared_redis: redis.Redis
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     assert _sweep(app) == []  # builds the (empty) schedule
     _open_steps(api, range(5))
     run_id = _run_id(app)
     deadline = clock.now + TIMEOUT_S
-    assert _scheduled(shared, prefix) == {f"{run_id}:{s}": deadline for s in range(5)}
+    assert _scheduled(shared_redis, redis_prefix) == {f"{run_id}:{s}": deadline for s in range(5)}
     # a later arrival keeps the first deadline (the database's)
     clock.now += 1
     _open_steps(api, range(2), rank=0)
-    assert _scheduled(shared, prefix)[f"{run_id}:0"] == deadline
+    assert _scheduled(shared_redis, redis_prefix)[f"{run_id}:0"] == deadline
     # a completed step leaves the schedule
     answer = api.send([(4, 1, 0, {"a": 2.5, "n": 1})], [(4, 1, 1)])
     assert answer.json()["finalised"] == [{"step": 4, "status": "complete", "revision": 1}]
-    assert f"{run_id}:4" not in _scheduled(shared, prefix)
+    assert f"{run_id}:4" not in _scheduled(shared_redis, redis_prefix)
     # the sweeper reads the schedule, not the table: a step taken out of it waits
-    shared.zrem(RedisKeys(prefix).deadlines, f"{run_id}:3")
+    shared_redis.zrem(RedisKeys(redis_prefix).deadlines, f"{run_id}:3")
     clock.now = deadline + 1
     assert sorted((f.step, f.status.value, f.revision) for f in _sweep(app)) == [
         (0, "partial", 1),
@@ -95,9 +81,9 @@ def test_open_steps_are_scheduled_and_timed_out_from_redis(
         (2, "partial", 1),
     ]
     assert api.step(3)["status"] == "open"
-    assert _scheduled(shared, prefix) == {}
+    assert _scheduled(shared_redis, redis_prefix) == {}
     # until the schedule is rebuilt from the database (as after a wipe)
-    shared.delete(RedisKeys(prefix).deadlines_built)
+    shared_redis.delete(RedisKeys(redis_prefix).deadlines_built)
     assert [(f.step, f.status.value) for f in _sweep(app)] == [(3, "partial")]
     for step in range(4):
         body = api.step(step)
@@ -107,19 +93,19 @@ def test_open_steps_are_scheduled_and_timed_out_from_redis(
 
 
 def test_a_wiped_redis_is_rebuilt_from_the_database(
-    make_client: AppFactory, clock: Clock, prefix: str, shared: redis.Redis
+    make_client: AppFactory, clock: Clock, redis_prefix: str, shared_redis: redis.Redis
 ) -> None:
-    app, api = _started(make_client, SHARED_REDIS, prefix)
+    app, api = _started(make_client, SHARED_REDIS, redis_prefix)
     _open_steps(api, range(6))
     clock.now += TIMEOUT_S / 2
     _open_steps(api, range(6, 9))  # due later than the first six
     run_id = _run_id(app)
-    before = _scheduled(shared, prefix)
+    before = _scheduled(shared_redis, redis_prefix)
     assert len(before) == 9
-    delete_prefix(SHARED_REDIS, prefix)  # the wipe
+    delete_prefix(SHARED_REDIS, redis_prefix)  # the wipe
     clock.now += TIMEOUT_S / 2 + 0.5  # the first six are due
     assert sorted(f.step for f in _sweep(app)) == list(range(6))
-    after = _scheduled(shared, prefix)
+    after = _scheduled(shared_redis, redis_prefix)
     assert after == {m: d for m, d in before.items() if int(m.split(":")[1]) >= 6}
     assert after == {f"{run_id}:{s}": clock.now - 0.5 + TIMEOUT_S / 2 for s in range(6, 9)}
     clock.now += TIMEOUT_S
@@ -129,9 +115,9 @@ def test_a_wiped_redis_is_rebuilt_from_the_database(
 
 
 def test_replicas_sweeping_together_finalise_each_step_once(
-    make_client: AppFactory, clock: Clock, prefix: str
+    make_client: AppFactory, clock: Clock, redis_prefix: str
 ) -> None:
-    replicas = [_started(make_client, SHARED_REDIS, prefix) for _ in range(3)]
+    replicas = [_started(make_client, SHARED_REDIS, redis_prefix) for _ in range(3)]
     api = replicas[0][1]
     _open_steps(api, range(60))
     clock.now += TIMEOUT_S + 1
@@ -154,9 +140,11 @@ def test_replicas_sweeping_together_finalise_each_step_once(
     assert [(s["status"], s["revision"]) for s in steps] == [("partial", 1)] * 60
 
 
-def test_a_claimed_step_is_left_to_its_claimant(prefix: str, shared: redis.Redis) -> None:
-    schedule = DeadlineSchedule(redis.Redis.from_url(SHARED_REDIS), RedisKeys(prefix))
-    other = DeadlineSchedule(redis.Redis.from_url(SHARED_REDIS), RedisKeys(prefix))
+def test_a_claimed_step_is_left_to_its_claimant(
+    redis_prefix: str, shared_redis: redis.Redis
+) -> None:
+    schedule = DeadlineSchedule(redis.Redis.from_url(SHARED_REDIS), RedisKeys(redis_prefix))
+    other = DeadlineSchedule(redis.Redis.from_url(SHARED_REDIS), RedisKeys(redis_prefix))
     try:
         due = Due(7, 3, 1.0)
         token = schedule.claim(due)

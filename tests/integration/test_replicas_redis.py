@@ -14,20 +14,12 @@ import orjson
 import pytest
 
 from tests.integration.test_events import Stream
-from tests.support.redis_server import SHARED_REDIS, PrivateRedis, delete_prefix, private_prefix
+from tests.support.redis_server import SHARED_REDIS, PrivateRedis
 from tests.support.served import ServedService, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 FANOUT_S = 0.100
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A private key prefix on the shared Redis, its keys deleted afterwards."""
-    prefix = private_prefix()
-    yield prefix
-    delete_prefix(SHARED_REDIS, prefix)
 
 
 @pytest.fixture
