@@ -9,7 +9,10 @@ the calls.
 
 A queued fragment takes no lock on the calling thread: ``deque.append`` is atomic,
 and the calling threads' counters (``items``, the bytes put) are written by them alone,
-the draining thread's (the bytes taken, the seqs) by it alone. What a ``log()`` right
+the draining thread's (the bytes taken, the seqs) by it alone. Two calling threads
+share theirs safely under the GIL, since an augmented assignment of an attribute holds
+no call or backward jump, where CPython could switch threads (a free-threaded build
+would need a lock here). What a ``log()`` right
 after a stretch of other work costs is mostly cache misses, one per object and piece
 of code it touches, so the fewer the better: a lock alone cost about 5 µs there.
 When the queue is full the fragment is dropped (and counted, under the lock), but the
