@@ -85,7 +85,8 @@ class Probe:
     ``new_frags`` and ``new_commits`` are the keys that were not stored before;
     ``declared`` holds the stored commits (new or old) that the checks need, by
     (step, rank); ``top_seq`` the highest stored ``seq`` of each newly committing pair
-    (this batch's fragments included).
+    (this batch's fragments included). ``partials``, when the store read them with the
+    probe, holds the stored partial rows (fragments, state) of the batch's pairs.
     """
 
     steps: dict[int, StepState]
@@ -93,6 +94,7 @@ class Probe:
     new_commits: list[CommitKey]
     declared: dict[CommitKey, int]
     top_seq: dict[CommitKey, int]
+    partials: dict[CommitKey, tuple[int, bytes]] | None = None
 
 
 def duplicates(batch: PreparedBatch, probe: Probe) -> set[FragmentKey]:

@@ -40,7 +40,7 @@ from steptally.service.domain.step import Probe, StepState
 from steptally.service.store import sql_series
 from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_statement import Statements, core, keys_params
-from steptally.service.store.sql_step import lock_steps, write_steps
+from steptally.service.store.sql_step import PartialRow, lock_steps, upsert_partials, write_steps
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
 
@@ -68,10 +68,16 @@ class Dialect(Protocol):
         ...
 
     def finish(
-        self, conn: Connection, run_id: int, rows: Sequence[StepState], savepoint: str | None
+        self,
+        conn: Connection,
+        run_id: int,
+        rows: Sequence[StepState],
+        savepoint: str | None,
+        partials: Sequence[PartialRow] = (),
     ) -> None:
-        """Write the changed step rows (and the values of those finalised); then release
-        ``savepoint``, or (None) leave the transaction durable or for the caller to commit."""
+        """Write the changed step rows (and the values of those finalised) and the
+        ``partials`` rows; then release ``savepoint``, or (None) leave the transaction
+        durable or for the caller to commit."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> bool:
@@ -134,8 +140,14 @@ class SqliteDialect:
         return Probe(steps, new_frags, new_commits, declared, top_seq)
 
     def finish(
-        self, conn: Connection, run_id: int, rows: Sequence[StepState], savepoint: str | None
+        self,
+        conn: Connection,
+        run_id: int,
+        rows: Sequence[StepState],
+        savepoint: str | None,
+        partials: Sequence[PartialRow] = (),
     ) -> None:
+        upsert_partials(conn, self.sql, run_id, list(partials))
         write_steps(conn, self.sql, run_id, rows)
         if savepoint is not None:
             conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")

@@ -36,7 +36,13 @@ from steptally.service.domain.step import Probe, StepState
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import finalise_row, write_partials
+from steptally.service.store.sql_step import (
+    PartialRow,
+    finalise_row,
+    merged_partials,
+    upsert_partials,
+    write_partials,
+)
 
 SAVEPOINT = "steptally_batch"
 
@@ -85,9 +91,9 @@ def _ingest(
         rules.check_duplicates(batch, collided, stored)
     rules.check(batch, found)
     rules.count(steps, new_frags, {k: batch.commits[k] for k in found.new_commits})
-    write_partials(conn, dialect.sql, run, batch, new_frags)
+    deferred = _partials(conn, dialect, run, batch, found, new_frags)
     finalised = _finalise(conn, dialect.sql, run, reload, steps.values(), now)
-    dialect.finish(conn, run.id, [*steps.values()], savepoint)
+    dialect.finish(conn, run.id, [*steps.values()], savepoint, deferred)
     return IngestOutcome(
         accepted=len(new_frags),
         duplicates=len(batch.fragments) - len(new_frags),
@@ -133,7 +139,7 @@ def ingest_merged(
         if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later):
             raise NotMerged("a step is finalised before a later batch of the group")
         mine.append((frags, commits))
-    write_partials(conn, dialect.sql, run, merged, found.new_frags)
+    deferred = _partials(conn, dialect, run, merged, found, found.new_frags)
     outcomes = []
     reload = _once(reload)
     for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
@@ -147,8 +153,29 @@ def ingest_merged(
                 finalised=_finalise(conn, dialect.sql, run, reload, rows, now),
             )
         )
-    dialect.finish(conn, run.id, [*found.steps.values()], None)
+    dialect.finish(conn, run.id, [*found.steps.values()], None, deferred)
     return outcomes
+
+
+def _partials(
+    conn: Connection,
+    dialect: Dialect,
+    run: RunRecord,
+    batch: PreparedBatch,
+    found: Probe,
+    new_frags: list[FragmentKey],
+) -> list[PartialRow]:
+    """Merge the new fragments into their partial rows: written now if the probe did
+    not read the stored rows, or if a step is about to be finalised (it reads them);
+    else returned, for the dialect's ``finish`` to write with the step rows."""
+    if found.partials is None:
+        write_partials(conn, dialect.sql, run, batch, new_frags)
+        return []
+    rows = merged_partials(run, batch, new_frags, found.partials)
+    if any(rules.next_status(run.world_size, s) for s in found.steps.values()):
+        upsert_partials(conn, dialect.sql, run.id, rows)
+        return []
+    return rows
 
 
 def _once(read: Callable[[], RunRecord]) -> Callable[[], RunRecord]:

@@ -33,7 +33,7 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Probe, StepState
 from steptally.service.store import sql_series
 from steptally.service.store.sql_statement import PIPELINE, STEP_FIELDS, core, keys_params
-from steptally.service.store.sql_step import new_row, pending_values, state_of
+from steptally.service.store.sql_step import PartialRow, new_row, pending_values, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
 #: ``COPY`` into a session table, then one ``INSERT ... SELECT``) rather than sent as
@@ -80,8 +80,9 @@ class PostgresDialect:
         commit_params = _commit_params(run, batch) if batch.commits else None
         pair_params = keys_params(run.id, pairs)
         top_params = keys_params(run.id, batch.commits) if batch.commits else None
+        frag_pairs = keys_params(run.id, {k[:2] for k in batch.fragments})
         locked = driver.cursor(row_factory=namedtuple_row)
-        frags, commits, declared, tops = (driver.cursor() for _ in range(4))
+        frags, commits, declared, tops, parts = (driver.cursor() for _ in range(5))
         with driver.pipeline():
             if savepoint is not None:
                 driver.execute(f"SAVEPOINT {savepoint}")
@@ -96,16 +97,24 @@ class PostgresDialect:
             declared.execute(PIPELINE.commits_of, pair_params)
             if top_params is not None:
                 tops.execute(PIPELINE.max_seq_of, top_params)
+            if batch.fragments:
+                parts.execute(PIPELINE.partials_of, frag_pairs)
         return Probe(
             steps={r.step: state_of(r) for r in locked.fetchall()},
             new_frags=_keys(frags, batch.fragments),
             new_commits=_keys(commits, batch.commits),
             declared={(s, r): n for s, r, n in declared.fetchall() if (s, r) in pairs},
             top_seq=_tops(tops, batch.commits),
+            partials=_partials(parts, batch),
         )
 
     def finish(
-        self, conn: Connection, run_id: int, rows: Sequence[StepState], savepoint: str | None
+        self,
+        conn: Connection,
+        run_id: int,
+        rows: Sequence[StepState],
+        savepoint: str | None,
+        partials: Sequence[PartialRow] = (),
     ) -> None:
         """Write the changed step rows (and the values of those finalised) and commit
         (``savepoint`` None: the transaction is durable when this returns; the caller's
@@ -116,6 +125,8 @@ class PostgresDialect:
         params = [_step_params(run_id, r) for r in rows if r.changed]
         values = pending_values(rows)
         with driver.pipeline():
+            if partials:
+                driver.execute(PIPELINE.upsert_partials, _partial_params(run_id, partials))
             if params:
                 driver.cursor().executemany(PIPELINE.update_steps, params)
             if values:
@@ -165,6 +176,23 @@ def _copy_fragments(driver: Any, run: RunRecord, batch: PreparedBatch) -> None:
         copy.set_types([t.lower() for t in PIPELINE.copy_types])
         for (s, r, q), (values, present, tails) in batch.fragments.items():
             copy.write_row((run.id, s, r, q, values, present, tails))
+
+
+def _partials(cursor: Any, batch: PreparedBatch) -> dict[CommitKey, tuple[int, bytes]]:
+    if not batch.fragments:
+        return {}
+    pairs = {k[:2] for k in batch.fragments}
+    return {(s, r): (n, bytes(st)) for s, r, n, st in cursor.fetchall() if (s, r) in pairs}
+
+
+def _partial_params(run_id: int, rows: Sequence[PartialRow]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "step": [s for s, _, _, _ in rows],
+        "rank": [r for _, r, _, _ in rows],
+        "fragments": [n for _, _, n, _ in rows],
+        "state": [st for _, _, _, st in rows],
+    }
 
 
 def _keys(cursor: Any, wanted: Any) -> list[Any]:

@@ -49,6 +49,7 @@ class Statements:
     partials_of: Any  # (step, rank, fragments, state) for :run, :steps, :ranks
     update_partials: Any  # :k_run, :k_step, :k_rank, :v_fragments, :v_state
     partials_of_step: Any  # (rank, fragments, state) of :run, :step
+    upsert_partials: Any  # partials rows, replacing the stored ones
 
 
 def _where(table: Table) -> Any:
@@ -65,6 +66,7 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
     )
     values = insert(STEP_VALUES)
+    partials = insert(PARTIALS)
     f, c, p = FRAGMENTS.c, COMMITS.c, PARTIALS.c
     return Statements(
         upsert_steps=upsert.returning(*STEPS.c),
@@ -97,6 +99,10 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         .values(fragments=bindparam("v_fragments"), state=bindparam("v_state")),
         partials_of_step=select(p.rank, p.fragments, p.state).where(
             p.run_id == bindparam("run"), p.step == bindparam("step")
+        ),
+        upsert_partials=partials.on_conflict_do_update(
+            index_elements=[k.name for k in PARTIALS.primary_key],
+            set_={"fragments": partials.excluded.fragments, "state": partials.excluded.state},
         ),
     )
 
@@ -182,6 +188,8 @@ class PipelineText:
     copy_types: tuple[str, ...]  # their types, for the binary COPY
     insert_copied: str  # the copied rows into fragments, RETURNING the new keys
     clear_copied: str
+    partials_of: str  # keys_params: (step, rank, fragments, state)
+    upsert_partials: str  # %(run_id)s and an array per partials column
 
 
 _COPIED = "steptally_fragments_in"
@@ -214,6 +222,13 @@ PIPELINE = PipelineText(
         "RETURNING step, rank, seq"
     ),
     clear_copied=f"DELETE FROM {_COPIED}",
+    partials_of=(
+        f"SELECT step, rank, fragments, state FROM {PARTIALS.name} WHERE {_of_pairs(PARTIALS)}"
+    ),
+    upsert_partials=_unnest_insert(
+        PARTIALS,
+        "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state",
+    ),
     drop_empty_steps=(
         f"DELETE FROM steps WHERE run_id = %(run)s AND step = ANY({_array(STEPS.c.step, 'steps')}) "
         f"AND status = {_param(STEPS.c.status, 'open')} AND committed_ranks = 0 AND received = 0"

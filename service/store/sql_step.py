@@ -173,6 +173,42 @@ def write_partials(
     conn.execute(sql.update_partials, updates)
 
 
+#: a partials row to write: step, rank, fragments, state
+PartialRow = tuple[int, int, int, bytes]
+
+
+def merged_partials(
+    run: RunRecord,
+    batch: PreparedBatch,
+    new_frags: Iterable[FragmentKey],
+    stored: dict[CommitKey, tuple[int, bytes]],
+) -> list[PartialRow]:
+    """The partial rows of the pairs of ``new_frags`` with those new fragments merged
+    in, given every stored row of them (``stored``, read under the steps' locks)."""
+    cells: dict[CommitKey, list[Cell]] = {}
+    for key in new_frags:
+        cells.setdefault(key[:2], []).append(batch.fragments[key])
+    out = []
+    for (s, r), mine in cells.items():
+        acc = partial.of_cells(run, mine)
+        n, state = stored.get((s, r), (0, b""))
+        if n:
+            acc.merge(partial.decode(run.spec, state))
+        out.append((s, r, n + len(mine), partial.encode(acc)))
+    return out
+
+
+def upsert_partials(conn: Connection, sql: Statements, run_id: int, rows: list[PartialRow]) -> None:
+    if rows:
+        conn.execute(
+            sql.upsert_partials,
+            [
+                {"run_id": run_id, "step": s, "rank": r, "fragments": n, "state": st}
+                for s, r, n, st in rows
+            ],
+        )
+
+
 def load_partials(
     conn: Connection, sql: Statements, run: RunRecord, row: StepState
 ) -> tuple[Progress, Contributions] | None:
