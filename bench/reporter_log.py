@@ -7,10 +7,11 @@ the rank does GAP_MS of CPU matrix products (the rest of a training step), so th
 CPU stays busy as in training. With ``--spread`` the same work is split between the
 microbatches (work, ``log()``, work, ``log()``, ...), as a training loop that logs
 after each microbatch's backward does: every call then starts with caches that the
-work has cooled, as only a step's first call does by default. The reporters post over real sockets to a minimal HTTP
-stub in the parent process that answers 200 at once (a stand-in for a remote service;
-the service itself is benchmarked by ingest.py), so their background threads do their
-real work (batching, encoding, gzip, HTTP) on the same CPUs as the training threads.
+work has cooled, as only a step's first call does by default. The reporters post over
+real sockets to a minimal HTTP stub in the parent process that answers 200 at once (a
+stand-in for a remote service; the service itself is benchmarked by ingest.py), so
+their background threads do their real work (batching, encoding, gzip, HTTP) on the
+same CPUs as the training threads.
 
 Anchor, measured in the same run by the same processes: what the reporter replaces,
 a ``torch.distributed.all_reduce`` (gloo) of the same METRICS values per microbatch,
