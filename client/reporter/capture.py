@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numbers
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from operator import attrgetter, countOf, eq
 from types import MappingProxyType
 from typing import Any
@@ -169,38 +169,30 @@ class Capture:
                 for name in self.counts.intersection(fragments) if self.counts else ():
                     if not _is_count(fragments[name]):
                         raise FragmentError(_count_message(name, fragments[name]))
-                if not names:
-                    names = self._order = tuple(fragments)
-                return (step, names, False, *values)
-            if not self.counts or self.counts.isdisjoint(fragments):
-                entry = self._held_tensors(step, fragments)
-                if entry is not None:
-                    return entry
+                return (step, names or self._keep_order(fragments), False, *values)
+            if (not self.counts or self.counts.isdisjoint(fragments)) and _held_tensors(values):
+                names = names or self._keep_order(fragments)
+                return (step, names, True, *values, *map(_version, values))
         return capture(step, fragments, self.kinds)
 
-    def order(self, fragments: dict[str, object]) -> tuple[str, ...]:
-        """The names of ``fragments`` (all known) in order: the last call's tuple when
-        they match."""
-        last = self._order
-        if len(last) != len(fragments) or countOf(map(eq, fragments, last), True) != len(last):
-            last = self._order = tuple(fragments)
-        return last
+    def _keep_order(self, fragments: dict[str, object]) -> tuple[str, ...]:
+        """The names of ``fragments`` (all known), kept for the next call to match."""
+        names = self._order = tuple(fragments)
+        return names
 
-    def _held_tensors(self, step: int, fragments: dict[str, object]) -> Record | None:
-        """An entry that holds the values, all one-element real host tensors; None when
-        they are not (the general path says what is wrong, or stages device values)."""
-        reads = _TensorReads.get()
-        values = fragments.values()
-        n = len(values)
-        if (
-            reads is None
-            or countOf(map(type, values), reads.tensor) != n
-            or countOf(map(reads.numel, values), 1) != n
-            or countOf(map(reads.is_cpu, values), True) != n
-            or not reads.real.issuperset(map(reads.dtype, values))
-        ):
-            return None
-        return (step, self.order(fragments), True, *values, *map(_version, values))
+
+def _held_tensors(values: Collection[object]) -> bool:
+    """Whether ``values`` are all one-element real host tensors, to be held and read
+    off-thread (if not, the general path says what is wrong, or stages device values)."""
+    reads = _TensorReads.get()
+    n = len(values)
+    return not (
+        reads is None
+        or countOf(map(type, values), reads.tensor) != n
+        or countOf(map(reads.numel, values), 1) != n
+        or countOf(map(reads.is_cpu, values), True) != n
+        or not reads.real.issuperset(map(reads.dtype, values))
+    )
 
 
 _REAL = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8")
