@@ -33,7 +33,7 @@ from typing import Any
 
 from steptally.client.algebra import Kind
 from steptally.client.reporter.errors import FragmentError
-from steptally.client.reporter.staging import Staged, Tails, changed_message, stage
+from steptally.client.reporter.staging import Staged, Tails, stage
 
 
 class Entry:
@@ -90,15 +90,10 @@ class Entry:
 
     def _read_held(self) -> str | None:
         """Read the held tensors into floats; a reason if one changed since ``log()``."""
-        values, versions = self.values, self.versions
+        versions, self.versions = self.versions, None
         assert versions is not None
-        self.versions = None
-        reason = None
-        for i, t in enumerate(values):
-            values[i] = float(t.item())
-            if t._version != versions[i] and reason is None:
-                reason = changed_message(self.names[i])
-        return reason
+        held = Staged([], list(self.values), range(len(versions)), versions)
+        return held.read_held(self.values, self.names)
 
 
 def entry_of(item: Entry | Record) -> Entry:
