@@ -39,7 +39,10 @@ class Staged:
             x = t.item()
             values[i] = float(x)
             if t._version != version and reason is None:
-                reason = changed_message(names[i])
+                reason = (
+                    f"metric {names[i]!r}: the tensor was changed in place after log(); "
+                    "log a fresh tensor (or .clone() it)"
+                )
         self.held = self.at = self.versions = ()
         return reason
 
@@ -55,14 +58,6 @@ class Staged:
                     values[i] = _split(flat[at : at + size], tails, i)
                 at += size
         self.parts = []
-
-
-def changed_message(name: str) -> str:
-    """Why a held host tensor's value is refused."""
-    return (
-        f"metric {name!r}: the tensor was changed in place after log(); "
-        "log a fresh tensor (or .clone() it)"
-    )
 
 
 def _split(parts: list[float], tails: Tails, i: int) -> float:
