@@ -8,7 +8,9 @@ The app keeps its objects on ``app.state``:
 * ``telemetry`` — :class:`~steptally.service.metrics.instruments.Telemetry`;
 * ``store`` — the :class:`~steptally.service.store.protocol.Store`, given or opened from
   the settings by :func:`~steptally.service.store.factory.open_store`;
-* ``service`` — the :class:`~steptally.service.usecase.facade.Service` the routers use.
+* ``service`` — the :class:`~steptally.service.usecase.facade.Service` the routers use;
+* ``handoff`` — the :class:`~steptally.service.api.handoff.Handoff` to the worker threads
+  of the ingest route (stopped at shutdown).
 
 The lifespan checks that the store is ready (its database schema at head), starts the fan-out of
 finalisations over Redis when ``redis_url`` is set (``service/coordination/``) and the
@@ -28,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from steptally.service.api import docs, errors, events, fragments, health, runs, steps
 from steptally.service.api.deadline import RequestDeadline
 from steptally.service.api.docs import declare_bearer
+from steptally.service.api.handoff import Handoff
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.api.limits import BodyBudget, RequestLimits
 from steptally.service.auth.middleware import Guard
@@ -63,6 +66,7 @@ def create_app(
     timeout_s = settings.default_step_timeout_s
     service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
     tokens = open_tokens(settings)  # None: auth is off
+    handoff = Handoff()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,6 +86,7 @@ def create_app(
             if fanout is not None:
                 await fanout.stop()
             service.events.close()
+            handoff.close()
             store.close()
             if tokens is not None:
                 tokens.close()
@@ -99,6 +104,7 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.store = store
     app.state.service = service
+    app.state.handoff = handoff
     app.state.body_budget = BodyBudget(settings.max_inflight_body_bytes, settings.body_wait_s)
     errors.install(app)
     app.add_middleware(RequestLimits, settings=settings)  # content type and body size

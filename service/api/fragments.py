@@ -1,7 +1,8 @@
 """``POST /v1/runs/{run}/fragments``: the ingest route.
 
 The body is read here (size limit, gzip); decoding, validation and the store's
-transaction run in the thread pool, and the answer is sent only after the commit.
+transaction run on a worker thread (``app.state.handoff``), and the answer is sent
+only after the commit.
 ``?partial=true`` stores what is right and lists the wrong items in ``rejected``.
 """
 
@@ -10,10 +11,10 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api.body import decode_content, inflated_size, read_limited
 from steptally.service.api.deps import RunName, ServiceDep, SettingsDep
+from steptally.service.api.handoff import Handoff
 from steptally.service.api.limits import BodyBudget
 from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors
 
@@ -35,6 +36,7 @@ async def post_fragments(
     arrived = time.perf_counter()
     limit = settings.max_body_bytes
     budget: BodyBudget = request.app.state.body_budget
+    handoff: Handoff = request.app.state.handoff
     declared = request.headers.get("content-length", "")
     held = min(limit, int(declared)) if declared.isdigit() else limit
     await budget.acquire(held)  # the raw bytes before they are read
@@ -52,6 +54,6 @@ async def post_fragments(
             body = decode_content(raw, encoding, limit, inflated)
             return JsonResponse(service.ingest(run, body, arrived, partial))
 
-        return await run_in_threadpool(handle)
+        return await handoff.run(handle)
     finally:
         budget.release(held)
