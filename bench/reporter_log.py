@@ -425,12 +425,13 @@ def _causes(name: str, calls: list[float], why: list[Why]) -> str:
         counts[_cause(w)] += 1
     found = ", ".join(f"{k} {n}" for k, n in counts.items())
     blocked = sum(1 for w in why if w[0])
+    faulted = sum(1 for w in why if w[2])
     collected = sum(1 for w in why if w[3])
     first = sum(1 for w in tail if w[4])
     return (
         f"{name}: {len(tail)} calls >= p99 ({_us(cut)}): {found}; {first} of them a step's "
-        f"first call; of all {len(why)} calls, {blocked} blocked and {collected} ran a "
-        "collection"
+        f"first call; of all {len(why)} calls, {blocked} blocked, {faulted} took a page "
+        f"fault and {collected} ran a collection"
     )
 
 

@@ -1,9 +1,11 @@
-"""Turning one ``log()`` call into a queue entry, on the training thread.
+"""Turning one ``log()`` call into a queue entry: every check of a fragment.
 
-This is the only reporter code on the critical path, so it does as little as it can:
-check every name and value (a programming error raises here, at once), convert host
-numbers to float, and for CUDA tensors start a non-blocking copy into pinned host
-memory followed by a CUDA event. Nothing here synchronises with a device; the
+On the training thread for what :meth:`.intake.Intake.logger` does not take itself
+(the first fragment of each size, CUDA tensors, anything unusual), and on the
+background thread for the fragments that it queued unchecked (:func:`entry_of`). It
+does as little as it can: check every name and value (a programming error raises
+here), convert host numbers to float, and for CUDA tensors start a non-blocking copy
+into pinned host memory followed by a CUDA event. Nothing here synchronises with a device; the
 background thread waits on the event (:meth:`Entry.resolve`).
 
 A one-element host tensor of a ``sum``, ``min`` or ``max`` is checked here but read on
@@ -44,7 +46,9 @@ class Entry:
     into floats by :meth:`resolve`.
     """
 
-    __slots__ = ("counts", "names", "seq", "staged", "step", "tails", "values", "versions")
+    __slots__ = (
+        "counts", "names", "refused", "seq", "staged", "step", "tails", "values", "versions",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -63,13 +67,25 @@ class Entry:
         self.counts = counts  # indices of count metrics whose value is still on the device
         self.versions = versions  # each held tensor's ``_version`` when it was logged
         self.tails: Mapping[int, tuple[float, ...]] = _NO_TAILS  # index → further terms
+        self.refused: str | None = None  # why the background check refused it
+
+    @classmethod
+    def refusal(cls, step: int, names: tuple[str, ...], reason: str) -> Entry:
+        """A fragment the background check refused: numbered like any (its step's
+        commit counts it, so the step shows as incomplete), never sent."""
+        entry = cls(step, names, [])
+        entry.refused = reason
+        return entry
 
     def unread(self) -> bool:
-        """Whether some values are still to be read (device copies or held tensors)."""
-        return self.staged is not None or self.versions is not None
+        """Whether some values are still to be read (device copies or held tensors), or
+        it is a refusal to report."""
+        return self.staged is not None or self.versions is not None or self.refused is not None
 
     def resolve(self) -> str | None:
         """Wait for device values (off the training thread); a reason if one is invalid."""
+        if self.refused is not None:
+            return self.refused
         if self.versions is not None:
             return self._read_held()
         if self.staged is None:
@@ -96,15 +112,48 @@ class Entry:
         return held.read_held(self.values, self.names)
 
 
-def entry_of(item: Entry | Record) -> Entry:
-    """The entry of what capture returned (a fast path's record or an entry)."""
+def entry_of(item: Entry | Record, capture: Capture | None = None) -> Entry:
+    """The entry of what capture returned (a fast path's record or an entry), or of an
+    unchecked record of the training thread's ``log()``, checked here by ``capture``."""
     if type(item) is tuple:
+        if type(item[1]) is dict:
+            assert capture is not None
+            return _checked(item, capture)
         step, names, held = item[:3]
         n = 3 + len(names)
         versions = list(item[n:]) if held else None
         return Entry(step, names, list(item[3:n]), versions=versions)
     assert isinstance(item, Entry)
     return item
+
+
+def _checked(item: Record, capture: Capture) -> Entry:
+    """The entry of ``(step, fragments, *versions)``, a fragment that ``log()`` queued
+    unchecked (its own copy of the caller's dict, with each held tensor's ``_version``
+    when it was logged): every check of :class:`Capture` runs here, off the training
+    thread, and what fails is a refusal."""
+    step, fragments, logged = item[0], item[1], item[2:]
+    names = tuple(fragments)
+    if logged and any(map(_is_cuda, fragments.values())):
+        return Entry.refusal(step, names, _UNSTAGED)
+    try:
+        entry = entry_of(capture(step, fragments))
+    except FragmentError as e:
+        return Entry.refusal(step, names, str(e))
+    if not logged:
+        return entry
+    if entry.versions is not None:  # held tensors: read later, against their versions at log()
+        entry.versions = list(logged)
+    elif tuple(map(_version, fragments.values())) != logged:  # read (or copied) just now
+        return Entry.refusal(step, names, _CHANGED)
+    return entry
+
+
+_UNSTAGED = (
+    "a CUDA tensor was logged while this process had not initialised CUDA, so it was not "
+    "copied to the host on the calling thread; log it after CUDA is initialised"
+)
+_CHANGED = "a tensor was changed in place after log(); log a fresh tensor (or .clone() it)"
 
 
 def _is_count(x: float) -> bool:
@@ -128,6 +177,7 @@ def check_step(step: object) -> int:
 Record = tuple[Any, ...]
 _NO_TAILS: Mapping[int, tuple[float, ...]] = MappingProxyType({})
 _version = attrgetter("_version")
+_is_cuda = attrgetter("is_cuda")
 
 
 class Capture:
@@ -179,7 +229,7 @@ class Capture:
 def _held_tensors(values: Collection[object]) -> bool:
     """Whether ``values`` are all one-element real host tensors, to be held and read
     off-thread (if not, the general path says what is wrong, or stages device values)."""
-    reads = _TensorReads.get()
+    reads = TensorReads.get()
     n = len(values)
     return not (
         reads is None
@@ -193,10 +243,10 @@ def _held_tensors(values: Collection[object]) -> bool:
 _REAL = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8")
 
 
-class _TensorReads:
+class TensorReads:
     """torch's attribute reads for the fast path, found once torch is imported."""
 
-    found: _TensorReads | None = None
+    found: TensorReads | None = None
 
     def __init__(self, torch: Any) -> None:
         self.tensor = torch.Tensor
@@ -204,9 +254,11 @@ class _TensorReads:
         self.is_cpu = attrgetter("is_cpu")
         self.dtype = attrgetter("dtype")
         self.real = frozenset(getattr(torch, name) for name in _REAL if hasattr(torch, name))
+        # no CUDA context in this process: no tensor can be on a CUDA device
+        self.cuda_live = torch.cuda.is_initialized
 
     @classmethod
-    def get(cls) -> _TensorReads | None:
+    def get(cls) -> TensorReads | None:
         """The reads, or None while torch is not imported."""
         reads = cls.found
         if reads is None:

@@ -28,24 +28,33 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from operator import attrgetter, countOf
+from typing import Any
 
 from steptally.client.reporter.batcher import ENTRY_OVERHEAD
-from steptally.client.reporter.capture import Entry, Record, entry_of
+from steptally.client.reporter.capture import Capture, Entry, Record, TensorReads, entry_of
 from steptally.client.reporter.errors import FragmentError
 from steptally.client.wire import Commit
 
 REMEMBERED_COMMITS = 65536
+_version = attrgetter("_version")
+_is_cpu = attrgetter("is_cpu")
 
 
 class Intake:
     __slots__ = (
         "_commit_order", "_committed", "_dropped", "_put_bytes", "_queue", "_seqs",
-        "_taken_bytes", "items", "lock", "max_bytes", "max_items", "on_drop", "rank", "wake",
+        "_taken_bytes", "capture", "checked_sizes", "items", "lock", "max_bytes", "max_items",
+        "on_drop", "rank", "wake",
     )  # fmt: skip  # slots: fewer memory reads on the calling thread than a __dict__
 
-    def __init__(self, rank: int, max_items: int, max_bytes: int) -> None:
+    def __init__(self, rank: int, max_items: int, max_bytes: int, capture: Capture) -> None:
         self.rank = rank
+        self.capture = capture  # checks, on the draining thread, what log() queued unchecked
+        # sizes of fragments that passed every check on the calling thread: a later
+        # fragment of one of these sizes is checked on the draining thread (see logger)
+        self.checked_sizes: frozenset[int] = frozenset()
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.lock = threading.Lock()  # commits and drops; never a queued fragment
@@ -67,12 +76,84 @@ class Intake:
         self._queue = deque()
         self._put_bytes = self._taken_bytes = 0
         self.items = 0
+        self.checked_sizes = frozenset()  # the first fragment checked at once again
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def fragments(self) -> int:
         return sum(1 for item in list(self._queue) if type(item) is not Commit)
+
+    def logger(self, checked: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+        """The training thread's ``log(step, fragments)``: what it must do at once, in
+        one Python frame, and everything else on the draining thread.
+
+        A dict whose size is one of ``checked_sizes`` (a fragment of that size passed
+        every check here before), with all values floats or all tensors, is queued as
+        ``(step, its copy, *each tensor's _version)``: no name is looked at here, and
+        no tensor read. Its names, counts, shapes and dtypes are checked when it is
+        drained (:func:`~.capture.entry_of`); a fragment that fails is refused there,
+        counted and logged, and its step's commit still counts it. Anything else
+        (the first fragment of each size, other mappings, other values, errors) goes
+        to ``checked``, which checks everything at once and raises for a programming
+        error. A tensor is held only off CUDA (its device is read only once this
+        process has a CUDA context): a CUDA tensor is copied by ``checked``.
+
+        Each object and piece of code that a call touches after a stretch of other
+        work is a cache miss, so this is all one frame: a ``log()`` of 32 floats right
+        after the step's work took 26 µs through the three frames of the checked path,
+        11 µs here (36 → 11 µs for host tensors), where the same values' list takes 9.
+        """
+        intake, committed, overhead = self, self._committed, ENTRY_OVERHEAD
+        tensor_reads = TensorReads.get
+
+        def log(step: int, fragments: Mapping[str, Any]) -> None:
+            if (
+                type(fragments) is not dict
+                or type(step) is not int
+                or len(fragments) not in intake.checked_sizes
+                or step < 0
+                or step in committed
+            ):
+                return checked(step, fragments)
+            values = fragments.values()
+            n = len(values)
+            if countOf(map(type, values), float) == n:
+                record: Record = (step, fragments.copy())
+            else:
+                try:
+                    record = (step, fragments.copy(), *map(_version, values))
+                except AttributeError:  # not all tensors
+                    return checked(step, fragments)
+                reads = tensor_reads()
+                if reads is None or (
+                    reads.cuda_live() and countOf(map(_is_cpu, values), True) != n
+                ):  # CUDA tensors: staged by the checked path
+                    return checked(step, fragments)
+            intake.items += 1
+            nbytes = 8 * n + overhead
+            queue = intake._queue
+            if (
+                len(queue) >= intake.max_items
+                or intake._put_bytes - intake._taken_bytes + nbytes > intake.max_bytes
+            ):
+                intake._drop(step)
+                return None
+            intake._put_bytes += nbytes
+            queue.append(record)
+            return None
+
+        return log
+
+    def checked_size(self, n: int) -> None:
+        """A fragment of ``n`` values passed every check on the calling thread."""
+        if n not in self.checked_sizes:
+            self.checked_sizes = self.checked_sizes | {n}
+
+    def _drop(self, step: int) -> None:
+        with self.lock:
+            self._dropped[step] = self._dropped.get(step, 0) + 1
+        self.on_drop()
 
     def put(self, entry: Entry | Record) -> bool:
         """Queue ``entry``; False when the queue is full and it was dropped (then
@@ -92,12 +173,12 @@ class Intake:
             len(self._queue) >= self.max_items
             or self._put_bytes - self._taken_bytes + nbytes > self.max_bytes
         ):
-            with self.lock:
-                self._dropped[step] = self._dropped.get(step, 0) + 1
-            self.on_drop()
+            self._drop(step)
             return False
         self._put_bytes += nbytes
         self._queue.append(entry)
+        if len(values) not in self.checked_sizes:
+            self.checked_size(len(values))
         return True
 
     def commit(self, step: int) -> None:
@@ -115,7 +196,7 @@ class Intake:
     def drain(self) -> list[Entry | Commit]:
         """Everything queued, oldest first, numbered: on the draining thread only."""
         out: list[Entry | Commit] = []
-        queue, seqs = self._queue, self._seqs
+        queue, seqs, capture = self._queue, self._seqs, self.capture
         taken = 0
         for _ in range(len(queue)):  # what was queued by now; later puts wait their turn
             item = queue.popleft()
@@ -125,10 +206,11 @@ class Intake:
                     dropped = self._dropped.pop(step, 0)
                 out.append(Commit(step, self.rank, seqs.pop(step, 0) + dropped))
                 continue
-            item = entry_of(item)
-            seq = seqs.get(item.step, 0)
-            item.seq, seqs[item.step] = seq, seq + 1
-            taken += 8 * len(item.values) + ENTRY_OVERHEAD
-            out.append(item)
+            n = len(item[1]) if isinstance(item, tuple) else len(item.values)
+            taken += 8 * n + ENTRY_OVERHEAD
+            entry = entry_of(item, capture)
+            seq = seqs.get(entry.step, 0)
+            entry.seq, seqs[entry.step] = seq, seq + 1
+            out.append(entry)
         self._taken_bytes += taken
         return out

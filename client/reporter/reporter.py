@@ -50,7 +50,8 @@ class Reporter:
 
     ``log()`` and ``commit()`` return at once and never raise for a delivery problem;
     they raise :class:`~steptally.client.reporter.errors.FragmentError` at once for a
-    programming error. Delivery is batched, retried, and spooled to ``spool_dir`` while
+    programming error they can see at once (see :meth:`log` for which checks of a
+    later fragment run in the background). Delivery is batched, retried, and spooled to ``spool_dir`` while
     the service is away; see :meth:`stats` for what happened. ``token`` (else the
     ``STEPTALLY_TOKEN`` environment variable) is sent as ``Authorization: Bearer``; a
     service that refuses it (401, 403) gets nothing more, and the spool keeps it all.
@@ -88,7 +89,7 @@ class Reporter:
         }
         directory = Path(spool_dir) if spool_dir else default_spool_dir(url, run, self.rank)
         Spool(directory, max_spool_bytes).check()  # an unusable folder is an OSError now
-        intake = Intake(self.rank, options.max_queue_items, options.max_queue_bytes)
+        intake = Intake(self.rank, options.max_queue_items, options.max_queue_bytes, self._capture)
         self._worker = Worker(
             intake,
             Outbox(Spool(directory, max_spool_bytes, registration), options.max_queue_bytes),
@@ -101,6 +102,9 @@ class Reporter:
         self._last_close = Closed(True, 0, directory, Stats())
         _live.add(self)
         self._worker.replay()
+        # from here on ``log`` is the intake's one-frame log(), which calls the method
+        # below for what it does not take itself (see Intake.logger)
+        self.log = intake.logger(self.log)  # type: ignore[method-assign,assignment]
 
     @property
     def spool_dir(self) -> Path:
@@ -111,6 +115,14 @@ class Reporter:
 
         Values are floats, ints or one-element tensors on any device; a CUDA tensor is
         copied to pinned host memory without waiting, and read in the background.
+
+        Raises :class:`~steptally.client.reporter.errors.FragmentError` at once for a
+        bad step, a step already committed, a value that is neither a number nor a
+        tensor, and every error of the first fragment of each size (number of
+        metrics). The rest of a later fragment's checks (its names, counts, tensor
+        shapes and dtypes) run on the background thread, off the training thread's
+        time: a fragment failing one is refused there, counted in ``stats().rejected``
+        and logged with its step, rank and reason, and its step shows as incomplete.
         """
         if self._closed:
             raise ReporterClosed("log() after close(); create a new Reporter")
@@ -142,6 +154,7 @@ class Reporter:
         if self._closed:
             return self._last_close
         self._closed = True
+        self.__dict__.pop("log", None)  # the method again, which refuses
         _live.discard(self)
         closed = self._worker.close(self._exit_timeout if timeout is None else timeout)
         self._last_close = closed

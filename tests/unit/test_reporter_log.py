@@ -4,6 +4,7 @@ problems never do, host and tensor values arrive exactly, seqs are unique and co
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -148,7 +149,53 @@ def test_log_or_commit_after_commit_is_an_error(reporter: Reporter) -> None:
         reporter.commit(4)
 
 
+@pytest.mark.parametrize(
+    ("later", "words"),
+    [
+        ({"nope": 1.0, "tokens": 1.0}, "'nope' is not a base metric of the run's spec"),
+        ({"loss_num": 1.0, "tokens": 2.5}, "'tokens' is a count"),
+        ({"loss_num": torch.ones(1, 3), "tokens": torch.tensor(1)}, r"not shape \(1, 3\)"),
+        ({"loss_num": torch.tensor(True), "ratio_max": torch.tensor(1.0)}, "not a real number"),
+        ({"loss_num": torch.tensor(1.0), "tokens": torch.tensor(-1)}, "'tokens' is a count"),
+    ],
+)
+def test_a_later_fragment_of_a_checked_size_is_checked_off_thread_and_refused(
+    reporter: Reporter, service: FakeService, later: dict[str, Any], words: str
+) -> None:
+    reporter.log(0, {"loss_num": 1.0, "tokens": 2})  # the first of two values: checked here
+    reporter.log(0, later)  # does not raise: checked on the background thread
+    reporter.log(0, {"loss_num": 3.0, "tokens": 4})
+    reporter.commit(0)
+    assert reporter.flush(5)
+    stats = reporter.stats()
+    assert stats.rejected == 1 and stats.sent == 2
+    assert re.search(words, stats.last_error or "") and "rank 0 step 0" in (stats.last_error or "")
+    assert service.fragments == {
+        (0, 0, 0): {"loss_num": 1.0, "tokens": 2.0},
+        (0, 0, 2): {"loss_num": 3.0, "tokens": 4.0},
+    }
+    assert service.commits == {(0, 0): 3}  # the refused one is counted: the step is incomplete
+
+
+def test_a_dict_changed_after_log_is_sent_as_it_was_logged(
+    reporter: Reporter, service: FakeService
+) -> None:
+    row: dict[str, Any] = {"loss_num": 1.0, "tokens": 2}
+    reporter.log(0, row)
+    for step in range(1, 4):
+        row = {"loss_num": float(step), "tokens": float(step)}
+        reporter.log(step, row)  # the one-frame path: queued as a copy of the dict
+        row["loss_num"], row["tokens"] = -1.0, 99.0
+        row.pop("tokens")
+        reporter.commit(step)
+    assert reporter.flush(5)
+    assert {s: v for (s, _, _), v in service.fragments.items() if s} == {
+        step: {"loss_num": float(step), "tokens": float(step)} for step in range(1, 4)
+    }
+
+
 def test_log_after_close_is_an_error(reporter: Reporter) -> None:
+    reporter.log(0, {"loss_num": 1.0})  # a checked size: the one-frame path from now on
     reporter.close()
     with pytest.raises(ReporterClosed):
         reporter.log(0, {"loss_num": 1.0})
@@ -334,31 +381,38 @@ def test_fragments_with_their_names_in_another_order_keep_each_value_with_its_na
     assert dict(zip(held.names, held.values, strict=True)) == {"a": 2.5, "c": 1.0}
 
 
-@pytest.mark.parametrize(("tensors", "most"), [(False, 1), (True, 1)])
-def test_a_fast_log_makes_few_objects_for_the_garbage_collector(tensors: bool, most: int) -> None:
+@pytest.mark.parametrize("tensors", [False, True])
+def test_a_fast_log_makes_few_objects_for_the_garbage_collector(tensors: bool) -> None:
     """A cyclic collection starts inside whichever call crosses the allocation
     threshold: each object a log() leaves for the collector makes that call likelier
-    to be one (a dict of floats once made 3, of host tensors 6; now one tuple each)."""
+    to be one (a dict of floats once made 3, of host tensors 6; now a tuple and the
+    dict's copy, which costs less than looking at the names)."""
     import gc
 
     from steptally.client.algebra import Kind
     from steptally.client.reporter.capture import Capture
+    from steptally.client.reporter.intake import Intake
 
     names = [f"m{i:02d}" for i in range(32)]
-    capture = Capture(dict.fromkeys(names, Kind.SUM))
+    intake = Intake(0, 1 << 20, 1 << 30, Capture(dict.fromkeys(names, Kind.SUM)))
+    checked: list[object] = []
+    log = intake.logger(lambda step, fragments: checked.append(fragments))
+    intake.checked_size(len(names))
 
     def value(i: int) -> object:
         return torch.tensor(float(i), dtype=torch.float64) if tensors else float(i)
 
     rows = [{n: value(i) for i, n in enumerate(names)} for _ in range(64)]
-    capture(0, rows[0])
-    kept = []
+    log(0, rows[0])
     gc.disable()
     try:
         before = gc.get_count()[0]
         for row in rows[1:]:
-            kept.append(capture(1, row))
+            log(1, row)
         made = gc.get_count()[0] - before
     finally:
         gc.enable()
-    assert made <= most * (len(rows) - 1)
+    assert not checked and len(intake) == len(rows)  # all taken by the one-frame path
+    assert made <= 2 * (len(rows) - 1)
+    drained = intake.drain()
+    assert all(e.refused is None and e.names == tuple(names) for e in drained)  # type: ignore[union-attr]

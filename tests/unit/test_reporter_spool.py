@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from support.reporting import FAST, fake_reporter
 
+from steptally.client.algebra import Kind
 from steptally.client.reporter import Reporter, ReporterOptions
-from steptally.client.reporter.capture import Entry
+from steptally.client.reporter.capture import Capture, Entry
 from steptally.client.reporter.fake import FakeService
 from steptally.client.reporter.intake import Intake
 from steptally.client.reporter.parcel import Parcel
@@ -170,7 +171,8 @@ def test_drops_only_when_memory_and_spool_are_full_and_counts_them(
 
 
 def test_the_in_memory_queue_is_bounded_and_still_numbers_what_it_drops() -> None:
-    intake = Intake(0, max_items=3, max_bytes=1 << 20)
+    capture = Capture({"a": Kind.SUM, "b": Kind.SUM})
+    intake = Intake(0, max_items=3, max_bytes=1 << 20, capture=capture)
     accepted = [intake.put(Entry(7, ("a",), [1.0])) for _ in range(5)]
     assert accepted == [True, True, True, False, False]
     intake.commit(7)
@@ -178,12 +180,29 @@ def test_the_in_memory_queue_is_bounded_and_still_numbers_what_it_drops() -> Non
     assert [type(item).__name__ for item in drained] == ["Entry"] * 3 + ["Commit"]
     assert [item.seq for item in drained[:3]] == [0, 1, 2]  # type: ignore[union-attr]
     assert drained[3] == Commit(7, 0, 5)  # the step will show two missing fragments
-    small = Intake(0, max_items=100, max_bytes=100)
+    small = Intake(0, max_items=100, max_bytes=100, capture=capture)
     assert [small.put(Entry(0, ("a", "b"), [1.0, 2.0])) for _ in range(3)] == [
         True,
         True,
         False,
     ]
+
+
+def test_the_one_frame_log_is_bounded_like_the_checked_path_and_numbers_what_it_drops() -> None:
+    checked: list[int] = []
+    intake = Intake(0, max_items=3, max_bytes=1 << 20, capture=Capture({"a": Kind.SUM}))
+    log = intake.logger(lambda step, fragments: checked.append(step))
+    log(7, {"a": 1.0})  # no fragment of one value was checked yet: the checked path
+    assert checked == [7] and len(intake) == 0
+    assert intake.put(Entry(7, ("a",), [1.0]))  # what the checked path queues
+    for _ in range(4):
+        log(7, {"a": 2.0})
+    assert checked == [7] and len(intake) == 3  # two queued here, two dropped
+    intake.commit(7)
+    drained = intake.drain()
+    assert [item.seq for item in drained[:3]] == [0, 1, 2]  # type: ignore[union-attr]
+    assert [item.values for item in drained[:3]] == [[1.0], [2.0], [2.0]]  # type: ignore[union-attr]
+    assert drained[3] == Commit(7, 0, 5)  # the step will show two missing fragments
 
 
 def test_memory_of_a_reporter_is_bounded_while_down(tmp_path: Path) -> None:
