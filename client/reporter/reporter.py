@@ -51,8 +51,9 @@ class Reporter:
     ``log()`` and ``commit()`` return at once and never raise for a delivery problem;
     they raise :class:`~steptally.client.reporter.errors.FragmentError` at once for a
     programming error they can see at once (see :meth:`log` for which checks of a
-    later fragment run in the background). Delivery is batched, retried, and spooled to ``spool_dir`` while
-    the service is away; see :meth:`stats` for what happened. ``token`` (else the
+    later fragment run in the background). Delivery is batched, retried, and spooled
+    to ``spool_dir`` while the service is away; see :meth:`stats` for what happened.
+    ``token`` (else the
     ``STEPTALLY_TOKEN`` environment variable) is sent as ``Authorization: Bearer``; a
     service that refuses it (401, 403) gets nothing more, and the spool keeps it all.
     """
