@@ -53,9 +53,9 @@ class Reporter:
     programming error they can see at once (see :meth:`log` for which checks of a
     later fragment run in the background). Delivery is batched, retried, and spooled
     to ``spool_dir`` while the service is away; see :meth:`stats` for what happened.
-    ``token`` (else the
-    ``STEPTALLY_TOKEN`` environment variable) is sent as ``Authorization: Bearer``; a
-    service that refuses it (401, 403) gets nothing more, and the spool keeps it all.
+    ``token`` (else the ``STEPTALLY_TOKEN`` environment variable) is sent as
+    ``Authorization: Bearer``; a service that refuses it (401, 403) gets nothing more,
+    and the spool keeps it all.
     """
 
     def __init__(
