@@ -115,5 +115,6 @@ def create_app(
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, events, health, docs):
         app.include_router(module.router)
+    app.router.routes.insert(0, fragments.lane(fragments.router.routes))  # the common ingest
     dashboard.install(app)
     return app

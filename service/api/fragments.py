@@ -1,22 +1,39 @@
 """``POST /v1/runs/{run}/fragments``: the ingest route.
 
 The body is read here (size limit, gzip); decoding, validation and the store's
-transaction run on a worker thread (``app.state.handoff``), and the answer is sent
-only after the commit.
+transaction run on a worker thread, and the answer is sent only after the commit.
 ``?partial=true`` stores what is right and lists the wrong items in ``rejected``.
+
+Two doors lead to the same work (:func:`ingest`). :class:`IngestLane`, first among
+the app's routes, takes the requests the reporter sends — a run name that matches the
+contract's pattern, no query or ``partial=true|false`` — and serves them as plain
+ASGI: no dependency solving, no parameter models, the answer's bytes sent as they
+are. Anything else (a run name that does not match, another query) goes on to the
+FastAPI route below, which validates it as before and is the one ``/openapi.json``
+documents. Errors are raised, not answered, on both doors, so the app's exception
+handlers (``service/api/errors.py``) answer them alike.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
+import orjson
 from fastapi import APIRouter, Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
+from starlette.types import Receive, Scope, Send
 
 from steptally.service.api.body import decode_content, inflated_size, read_limited
-from steptally.service.api.deps import RunName, ServiceDep, SettingsDep
+from steptally.service.api.deps import RUN_PATTERN, RunName
 from steptally.service.api.handoff import Handoff
 from steptally.service.api.limits import BodyBudget
 from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors
+from steptally.service.settings import Settings
+from steptally.service.usecase.facade import Service
+
+PATH = "/v1/runs/{run}/fragments"
 
 router = APIRouter(prefix="/v1/runs", tags=["fragments"])
 
@@ -26,17 +43,19 @@ router = APIRouter(prefix="/v1/runs", tags=["fragments"])
     response_model=IngestAnswer,
     responses=errors(400, 404, 409, 413, 415, 422, 503),
 )
-async def post_fragments(
-    run: RunName,
-    request: Request,
-    service: ServiceDep,
-    settings: SettingsDep,
-    partial: bool = False,
-) -> JsonResponse:
+async def post_fragments(run: RunName, request: Request, partial: bool = False) -> Response:
+    return Response(await ingest(request, run, partial), media_type=JsonResponse.media_type)
+
+
+async def ingest(request: Request, run: str, partial: bool) -> bytes:
+    """Store the body of ``request`` in ``run``; the answer's JSON once it is durable."""
     arrived = time.perf_counter()
+    state = request.app.state
+    settings: Settings = state.settings
+    service: Service = state.service
+    budget: BodyBudget = state.body_budget
+    handoff: Handoff = state.handoff
     limit = settings.max_body_bytes
-    budget: BodyBudget = request.app.state.body_budget
-    handoff: Handoff = request.app.state.handoff
     declared = request.headers.get("content-length", "")
     held = min(limit, int(declared)) if declared.isdigit() else limit
     await budget.acquire(held)  # the raw bytes before they are read
@@ -50,10 +69,57 @@ async def post_fragments(
             await budget.acquire(len(raw) + inflated)
             held = len(raw) + inflated
 
-        def handle() -> JsonResponse:
+        def handle() -> bytes:
             body = decode_content(raw, encoding, limit, inflated)
-            return JsonResponse(service.ingest(run, body, arrived, partial))
+            out = service.ingest(run, body, arrived, partial)
+            return orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS)
 
         return await handoff.run(handle)
     finally:
         budget.release(held)
+
+
+_LANE_PATH = re.compile(r"/v1/runs/(" + RUN_PATTERN.strip("^$") + r")/fragments")
+_LANE_QUERY = {b"": False, b"partial=true": True, b"partial=false": False}
+_ANSWER_TYPE = (b"content-type", b"application/json")
+
+
+class IngestLane(BaseRoute):
+    """The ingest route's requests whose parameters need no validation, as plain ASGI.
+
+    It matches nothing else, so every other request goes on to the routes after it;
+    ``route`` (the FastAPI route of the same path) is what the request's scope names
+    as its route, for the request metrics.
+    """
+
+    def __init__(self, route: BaseRoute) -> None:
+        self.route = route
+        self.path = PATH
+        self.path_format = PATH
+        self.include_in_schema = False
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return Match.NONE, {}
+        partial = _LANE_QUERY.get(scope.get("query_string", b""))
+        found = _LANE_PATH.fullmatch(scope["path"])
+        if found is None or partial is None:
+            return Match.NONE, {}
+        return Match.FULL, {"path_params": {"run": found[1]}, "route": self.route}
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        partial = _LANE_QUERY[scope.get("query_string", b"")]
+        request = Request(scope, receive)
+        body = await ingest(request, scope["path_params"]["run"], partial)
+        length = (b"content-length", str(len(body)).encode())
+        headers = [length, _ANSWER_TYPE]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def lane(routes: list[BaseRoute]) -> IngestLane:
+    """The lane in front of the FastAPI route of ``PATH`` among ``routes``."""
+    for route in routes:
+        if getattr(route, "path", None) == PATH:
+            return IngestLane(route)
+    raise LookupError(f"no route {PATH}")
