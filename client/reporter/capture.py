@@ -133,19 +133,18 @@ def _checked(item: Record, capture: Capture) -> Entry:
     when it was logged): every check of :class:`Capture` runs here, off the training
     thread, and what fails is a refusal."""
     step, fragments, logged = item[0], item[1], item[2:]
-    names = tuple(fragments)
     if logged and any(map(_is_cuda, fragments.values())):
-        return Entry.refusal(step, names, _UNSTAGED)
+        return Entry.refusal(step, tuple(fragments), _UNSTAGED)
     try:
         entry = entry_of(capture(step, fragments))
     except FragmentError as e:
-        return Entry.refusal(step, names, str(e))
+        return Entry.refusal(step, tuple(fragments), str(e))
     if not logged:
         return entry
     if entry.versions is not None:  # held tensors: read later, against their versions at log()
         entry.versions = list(logged)
     elif tuple(map(_version, fragments.values())) != logged:  # read (or copied) just now
-        return Entry.refusal(step, names, _CHANGED)
+        return Entry.refusal(step, entry.names, _CHANGED)
     return entry
 
 

@@ -177,8 +177,7 @@ class Intake:
             return False
         self._put_bytes += nbytes
         self._queue.append(entry)
-        if len(values) not in self.checked_sizes:
-            self.checked_size(len(values))
+        self.checked_size(len(values))
         return True
 
     def commit(self, step: int) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import time
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
@@ -29,7 +28,7 @@ from steptally.service.api.body import decode_content, inflated_size, read_limit
 from steptally.service.api.deps import RUN_PATTERN, RunName
 from steptally.service.api.handoff import Handoff
 from steptally.service.api.limits import BodyBudget
-from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors
+from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors, json_bytes
 from steptally.service.settings import Settings
 from steptally.service.usecase.facade import Service
 
@@ -71,8 +70,7 @@ async def ingest(request: Request, run: str, partial: bool) -> bytes:
 
         def handle() -> bytes:
             body = decode_content(raw, encoding, limit, inflated)
-            out = service.ingest(run, body, arrived, partial)
-            return orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS)
+            return json_bytes(service.ingest(run, body, arrived, partial))
 
         return await handoff.run(handle)
     finally:
@@ -81,7 +79,7 @@ async def ingest(request: Request, run: str, partial: bool) -> bytes:
 
 _LANE_PATH = re.compile(r"/v1/runs/(" + RUN_PATTERN.strip("^$") + r")/fragments")
 _LANE_QUERY = {b"": False, b"partial=true": True, b"partial=false": False}
-_ANSWER_TYPE = (b"content-type", b"application/json")
+_ANSWER_TYPE = (b"content-type", JsonResponse.media_type.encode())
 
 
 class IngestLane(BaseRoute):

@@ -22,11 +22,16 @@ FinalStatus = Literal["complete", "partial"]
 ResponseDocs = dict[int | str, dict[str, Any]]
 
 
+def json_bytes(content: Any) -> bytes:
+    """The service's JSON encoding of an answer."""
+    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+
+
 class JsonResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+        return json_bytes(content)
 
 
 class _Answer(BaseModel):
