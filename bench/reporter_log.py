@@ -46,8 +46,10 @@ import tempfile
 import threading
 import time
 import warnings
+from array import array
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +68,54 @@ def _usage() -> Why:
     return u.ru_nvcsw, u.ru_nivcsw, u.ru_minflt, _collections[0]
 
 
-def _timed(
-    fn: Callable[..., object], args: tuple[Any, ...], why: list[Why] | None, first: bool = False
-) -> int:
-    """Nanoseconds ``fn(*args)`` took; with ``why``, append what happened inside it
-    (and whether it was the step's first call, the one right after the CPU work)."""
-    clock = time.perf_counter_ns
-    if why is None:
-        t0 = clock()
-        fn(*args)
-        return clock() - t0
-    u0 = _usage()
-    t0 = clock()
-    fn(*args)
-    dt = clock() - t0
-    u1 = _usage()
-    why.append((u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2], u1[3] - u0[3], int(first)))
-    return dt
+class _Samples:
+    """Each timed call's nanoseconds (and, with ``--why``, what happened inside it),
+    in arrays allocated up front: the harness makes no Python object per call, so it
+    grows no heap that a timed call could be the first to touch (a fresh page of
+    Python's small-object allocator is a page fault in whichever call reaches it)."""
+
+    def __init__(self, args: argparse.Namespace, calls: int, steps: int) -> None:
+        self.why = args.why
+        self.call_ns = array("q", bytes(8 * calls))
+        self.step_ns = array("q", bytes(8 * steps))
+        self.causes = array("q", bytes(8 * 5 * calls if args.why else 0))
+        self.n = self.steps = 0
+
+    def timed(
+        self, fn: Callable[..., object], args: tuple[Any, ...], kept: bool, first: bool
+    ) -> int:
+        """Nanoseconds ``fn(*args)`` took, recorded when ``kept`` (past the warm-up)."""
+        clock = time.perf_counter_ns
+        if not (kept and self.why):
+            t0 = clock()
+            fn(*args)
+            dt = clock() - t0
+        else:
+            u0 = _usage()
+            t0 = clock()
+            fn(*args)
+            dt = clock() - t0
+            u1 = _usage()
+            i = 5 * self.n
+            c = self.causes
+            c[i], c[i + 1], c[i + 2] = u1[0] - u0[0], u1[1] - u0[1], u1[2] - u0[2]
+            c[i + 3], c[i + 4] = u1[3] - u0[3], first
+        if kept:
+            self.call_ns[self.n] = dt
+            self.n += 1
+        return dt
+
+    def step(self, ns: int) -> None:
+        self.step_ns[self.steps] = ns
+        self.steps += 1
+
+    def result(self) -> dict[str, list[Any]]:
+        c = self.causes
+        return {
+            "call": [ns / 1e3 for ns in self.call_ns[: self.n]],
+            "step": [ns / 1e3 for ns in self.step_ns[: self.steps]],
+            "why": [tuple(c[i : i + 5]) for i in range(0, 5 * self.n if self.why else 0, 5)],
+        }
 
 
 def _free_port() -> int:
@@ -108,16 +141,14 @@ def _compute(ms: float) -> None:
 
 def _time_reporter(
     args: argparse.Namespace, rank: int, url: str, tensors: bool
-) -> dict[str, list[float]]:
+) -> dict[str, list[Any]]:
     import torch
 
     from steptally.client.reporter import Reporter
 
     names = [f"m{i:02d}" for i in range(args.metrics)]
     spec = {"metrics": {n: "sum" for n in names}}
-    calls: list[float] = []
-    steps: list[float] = []
-    why: list[Why] = []
+    samples = _Samples(args, args.steps * args.microbatches, args.steps)
     clock = time.perf_counter_ns
     with (
         tempfile.TemporaryDirectory() as spool,
@@ -137,59 +168,61 @@ def _time_reporter(
                 if tensors:
                     row = {n: torch.tensor(v, dtype=torch.float64) for n, v in row.items()}
                 rows.append(row)
+            kept = step >= args.warmup
             total = 0
             for mb, row in enumerate(rows):
                 if args.spread:
                     _compute(args.gap_ms / args.microbatches)
-                dt = _timed(reporter.log, (step, row), _why(args, step, why), mb == 0)
-                total += dt
-                if step >= args.warmup:
-                    calls.append(dt / 1e3)
+                total += samples.timed(reporter.log, (step, row), kept, mb == 0)
             t0 = clock()
             reporter.commit(step)
             total += clock() - t0
-            if step >= args.warmup:
-                steps.append(total / 1e3)
+            if kept:
+                samples.step(total)
             if not args.spread:
                 _compute(args.gap_ms)
         assert reporter.flush(60), reporter.stats()
-    return {"call": calls, "step": steps, "why": why}
+    return samples.result()
 
 
-def _why(args: argparse.Namespace, step: int, why: list[Why]) -> list[Why] | None:
-    return why if args.why and step >= args.warmup else None
+def _time_floor(args: argparse.Namespace, tensors: bool = False) -> dict[str, list[Any]]:
+    """What any Python code that looks at every value once costs on this thread: for
+    tensors, reading each one's ``_version`` (what keeping a tensor to read later, and
+    telling an in-place change after the call, takes at the least)."""
+    import torch
 
-
-def _time_floor(args: argparse.Namespace) -> dict[str, list[float]]:
-    """What any Python code that looks at every value once costs on this thread."""
     names = [f"m{i:02d}" for i in range(args.metrics)]
-    calls: list[float] = []
-    steps: list[float] = []
-    why: list[Why] = []
-    kept: list[list[float]] = []
+    samples = _Samples(args, args.steps * args.microbatches, args.steps)
+    kept_rows: list[list[Any]] = []
+    version = attrgetter("_version")
 
-    def touch(row: dict[str, float]) -> None:
-        kept.append([v for v in row.values() if type(v) is float])
+    def touch(row: dict[str, Any]) -> None:
+        if tensors:
+            kept_rows.append(list(map(version, row.values())))
+        else:
+            kept_rows.append([v for v in row.values() if type(v) is float])
 
     for step in range(args.warmup + args.steps):
-        rows = [
+        rows: list[dict[str, Any]] = [
             {n: float(step * 1000 + mb + i) for i, n in enumerate(names)}
             for mb in range(args.microbatches)
         ]
+        if tensors:
+            rows = [
+                {n: torch.tensor(v, dtype=torch.float64) for n, v in row.items()} for row in rows
+            ]
+        kept = step >= args.warmup
         total = 0
         for mb, row in enumerate(rows):
             if args.spread:
                 _compute(args.gap_ms / args.microbatches)
-            dt = _timed(touch, (row,), _why(args, step, why), mb == 0)
-            total += dt
-            if step >= args.warmup:
-                calls.append(dt / 1e3)
-        if step >= args.warmup:
-            steps.append(total / 1e3)
-        kept.clear()
+            total += samples.timed(touch, (row,), kept, mb == 0)
+        if kept:
+            samples.step(total)
+        kept_rows.clear()
         if not args.spread:
             _compute(args.gap_ms)
-    return {"call": calls, "step": steps, "why": why}
+    return samples.result()
 
 
 def _time_all_reduce(args: argparse.Namespace, fused: bool) -> dict[str, list[float]]:
@@ -261,6 +294,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, url: str, out: Any) ->
         ("log() floats", lambda: _time_reporter(args, rank, url, tensors=False)),
         ("log() cpu tensors", lambda: _time_reporter(args, rank, url, tensors=True)),
         ("floor: list of the values", lambda: _time_floor(args)),
+        ("floor: the tensors' versions", lambda: _time_floor(args, tensors=True)),
         ("all_reduce per microbatch", lambda: _time_all_reduce(args, fused=False)),
         ("all_reduce once per step", lambda: _time_all_reduce(args, fused=True)),
     ]:
@@ -320,7 +354,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # the quantiles kept per row: dense in the tail, where the target is
 QUANTILES = [q / 100 for q in range(1, 90, 2)] + [0.9 + q / 1000 for q in range(0, 100)]
 QUANTILES += [0.999, 0.9995, 0.9999]
-PLOTTED = ("log() floats", "log() cpu tensors", "floor: list of the values")
+PLOTTED = (
+    "log() floats",
+    "log() cpu tensors",
+    "floor: list of the values",
+    "floor: the tensors' versions",
+)
 
 
 def _record(args: argparse.Namespace, merged: dict[str, dict[str, list[Any]]]) -> None:
@@ -360,7 +399,7 @@ def _plot(rows: list[dict[str, str]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(15, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(19, 4.8), sharey=True)
     for ax, name in zip(axes, PLOTTED, strict=True):
         for label in labels:
             mine = [r for r in rows if r["label"] == label and r["row"] == name]

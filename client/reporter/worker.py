@@ -171,7 +171,7 @@ class Worker:
 
     def flush(self, timeout: float | None) -> bool:
         """Wait until everything queued so far is delivered or given up; False on timeout."""
-        target = self.intake.items + self._replayed
+        target = self.intake.accepted() + self._replayed
         if self._settled >= target:
             return True
         self.start()

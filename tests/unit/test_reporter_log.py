@@ -149,20 +149,37 @@ def test_log_or_commit_after_commit_is_an_error(reporter: Reporter) -> None:
         reporter.commit(4)
 
 
+FLOATS = {"loss_num": 1.0, "tokens": 2}
+TENSORS = {"loss_num": torch.tensor(1.0), "tokens": torch.tensor(2)}
+
+
 @pytest.mark.parametrize(
-    ("later", "words"),
+    ("first", "later", "words"),
     [
-        ({"nope": 1.0, "tokens": 1.0}, "'nope' is not a base metric of the run's spec"),
-        ({"loss_num": 1.0, "tokens": 2.5}, "'tokens' is a count"),
-        ({"loss_num": torch.ones(1, 3), "tokens": torch.tensor(1)}, r"not shape \(1, 3\)"),
-        ({"loss_num": torch.tensor(True), "ratio_max": torch.tensor(1.0)}, "not a real number"),
-        ({"loss_num": torch.tensor(1.0), "tokens": torch.tensor(-1)}, "'tokens' is a count"),
+        (FLOATS, {"nope": 1.0, "tokens": 1.0}, "'nope' is not a base metric of the run's spec"),
+        (FLOATS, {"loss_num": 1.0, "tokens": 2.5}, "'tokens' is a count"),
+        (FLOATS, {"loss_num": True, "tokens": 2}, "not bool True"),
+        (TENSORS, {"loss_num": torch.ones(1, 3), "tokens": torch.tensor(1)}, r"not shape \(1, 3\)"),
+        (
+            TENSORS,
+            {"loss_num": torch.tensor(True), "ratio_max": torch.tensor(1.0)},
+            "not a real number",
+        ),
+        (
+            TENSORS,
+            {"loss_num": torch.tensor(1.0), "tokens": torch.tensor(-1)},
+            "'tokens' is a count",
+        ),
     ],
 )
 def test_a_later_fragment_of_a_checked_size_is_checked_off_thread_and_refused(
-    reporter: Reporter, service: FakeService, later: dict[str, Any], words: str
+    reporter: Reporter,
+    service: FakeService,
+    first: dict[str, Any],
+    later: dict[str, Any],
+    words: str,
 ) -> None:
-    reporter.log(0, {"loss_num": 1.0, "tokens": 2})  # the first of two values: checked here
+    reporter.log(0, dict(first))  # the first of two values of this kind: checked here
     reporter.log(0, later)  # does not raise: checked on the background thread
     reporter.log(0, {"loss_num": 3.0, "tokens": 4})
     reporter.commit(0)
@@ -175,6 +192,44 @@ def test_a_later_fragment_of_a_checked_size_is_checked_off_thread_and_refused(
         (0, 0, 2): {"loss_num": 3.0, "tokens": 4.0},
     }
     assert service.commits == {(0, 0): 3}  # the refused one is counted: the step is incomplete
+
+
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [
+        (FLOATS, {"loss_num": torch.ones(1, 3), "tokens": torch.tensor(1)}),
+        (TENSORS, {"loss_num": 1.0, "tokens": "two"}),
+        (FLOATS, {"loss_num": 1.0, "tokens": 10**400}),
+        (FLOATS, {"loss_num": 1.0, "tokens": None}),
+    ],
+)
+def test_the_first_fragment_of_a_size_and_kind_is_checked_at_once(
+    reporter: Reporter, first: dict[str, Any], later: dict[str, Any]
+) -> None:
+    """Floats after a size was checked with tensors, or the other way round, and
+    values that are not numbers at all, take the checked path: the error is raised."""
+    reporter.log(0, dict(first))
+    with pytest.raises(FragmentError):
+        reporter.log(0, later)
+
+
+def test_ints_take_the_one_frame_path_and_arrive_as_the_checked_path_makes_them() -> None:
+    from steptally.client.algebra import Kind
+    from steptally.client.reporter.capture import Capture
+    from steptally.client.reporter.intake import Intake
+
+    intake = Intake(0, 1 << 20, 1 << 30, Capture({"loss_num": Kind.SUM, "tokens": Kind.COUNT}))
+    checked: list[object] = []
+    log = intake.logger(lambda step, fragments: checked.append(fragments))
+    intake.checked_size(2, False)
+    log(0, {"loss_num": 2**53 + 1, "tokens": 3})  # an int past float64's integers
+    log(0, {"loss_num": 0.5, "tokens": 7})
+    log(0, {"loss_num": False, "tokens": 7})  # a bool is not a number here: refused
+    assert not checked
+    drained = intake.drain()
+    assert [e.values for e in drained[:2]] == [[float(2**53 + 1), 3.0], [0.5, 7.0]]  # type: ignore[union-attr]
+    assert [type(x) for e in drained[:2] for x in e.values] == [float] * 4  # type: ignore[union-attr]
+    assert "not bool False" in (drained[2].refused or "")  # type: ignore[union-attr]
 
 
 def test_a_dict_changed_after_log_is_sent_as_it_was_logged(
@@ -397,7 +452,7 @@ def test_a_fast_log_makes_few_objects_for_the_garbage_collector(tensors: bool) -
     intake = Intake(0, 1 << 20, 1 << 30, Capture(dict.fromkeys(names, Kind.SUM)))
     checked: list[object] = []
     log = intake.logger(lambda step, fragments: checked.append(fragments))
-    intake.checked_size(len(names))
+    intake.checked_size(len(names), tensors)
 
     def value(i: int) -> object:
         return torch.tensor(float(i), dtype=torch.float64) if tensors else float(i)

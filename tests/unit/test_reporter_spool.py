@@ -154,7 +154,10 @@ def test_drops_only_when_memory_and_spool_are_full_and_counts_them(
         service.down = True
         log_steps(reporter, range(1, 40))  # never raises
         assert not reporter.flush(1.0)
-        stats = reporter.stats()
+        deadline = time.monotonic() + 5  # a batch may be between the sender and the spool
+        while (stats := reporter.stats()).spooled + stats.dropped < 156:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.01)
         assert stats.dropped > 0 and stats.spooled > 0
         assert stats.spooled + stats.dropped == 156  # every fragment is accounted for
         assert "memory and spool are full: dropped" in caplog.text
@@ -203,6 +206,28 @@ def test_the_one_frame_log_is_bounded_like_the_checked_path_and_numbers_what_it_
     assert [item.seq for item in drained[:3]] == [0, 1, 2]  # type: ignore[union-attr]
     assert [item.values for item in drained[:3]] == [[1.0], [2.0], [2.0]]  # type: ignore[union-attr]
     assert drained[3] == Commit(7, 0, 5)  # the step will show two missing fragments
+
+
+def test_the_queue_bound_by_bytes_is_a_length_per_fragment_size() -> None:
+    """A fragment of n values waits only while fewer than max_bytes // (8n + 32) items
+    do, on the one-frame path and the checked one alike; every call is accepted and
+    counted, dropped ones too."""
+    names = [f"m{i}" for i in range(10)]  # 8 * 10 + 32 = 112 bytes a fragment
+    intake = Intake(
+        0, max_items=100, max_bytes=1000, capture=Capture(dict.fromkeys(names, Kind.SUM))
+    )
+    log = intake.logger(lambda step, fragments: None)
+    assert intake.bound(10) == 8 and intake.bound(1) == 25
+    assert intake.put(Entry(3, tuple(names), [1.0] * 10))  # checked: registers the size
+    for _ in range(9):
+        log(3, dict.fromkeys(names, 2.0))
+    assert len(intake) == 8 and intake.accepted() == 10  # two dropped
+    assert intake.put(Entry(3, ("m0",), [1.0]))  # one value: room for 25
+    intake.commit(3)
+    assert intake.accepted() == 12
+    drained = intake.drain()
+    assert len(drained) == 10 and drained[-1] == Commit(3, 0, 11)  # 9 queued + 2 dropped
+    assert intake.accepted() == 12 and len(intake) == 0
 
 
 def test_memory_of_a_reporter_is_bounded_while_down(tmp_path: Path) -> None:
