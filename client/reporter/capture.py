@@ -1,7 +1,7 @@
 """Turning one ``log()`` call into a queue entry: every check of a fragment.
 
 On the training thread for what :meth:`.intake.Intake.logger` does not take itself
-(the first fragment of each size, CUDA tensors, anything unusual), and on the
+(the first fragment of each size and kind, CUDA tensors, anything unusual), and on the
 background thread for the fragments that it queued unchecked (:func:`entry_of`). It
 does as little as it can: check every name and value (a programming error raises
 here), convert host numbers to float, and for CUDA tensors start a non-blocking copy

@@ -107,9 +107,9 @@ class Intake:
         per value; tensors by having a ``_version``. Its names, counts, shapes and
         dtypes are checked when it is drained (:func:`~.capture.entry_of`); a fragment
         that fails is refused there, counted and logged, and its step's commit still
-        counts it. Anything else (the first fragment of each size, other mappings,
-        other values, errors) goes to ``checked``, which checks everything at once and
-        raises for a programming error. A tensor is held only off CUDA (its device is
+        counts it. Anything else (the first fragment of each size and kind, other
+        mappings, other values, errors) goes to ``checked``, which checks everything at
+        once and raises for a programming error. A tensor is held only off CUDA (its device is
         read only once this process has a CUDA context): a CUDA tensor is copied by
         ``checked``.
 

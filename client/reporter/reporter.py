@@ -120,8 +120,9 @@ class Reporter:
         Raises :class:`~steptally.client.reporter.errors.FragmentError` at once for a
         bad step, a step already committed, a value that is neither a number nor a
         tensor, and every error of the first fragment of each size (number of
-        metrics). The rest of a later fragment's checks (its names, counts, tensor
-        shapes and dtypes) run on the background thread, off the training thread's
+        metrics) and kind (numbers, or host tensors). The rest of a later fragment's
+        checks (its names, counts, bools, tensor shapes and dtypes) run on the
+        background thread, off the training thread's
         time: a fragment failing one is refused there, counted in ``stats().rejected``
         and logged with its step, rank and reason, and its step shows as incomplete.
         """
