@@ -8,13 +8,14 @@ seq of a step is unique and contiguous, because the order of one deque is the or
 the calls.
 
 A queued fragment takes no lock and writes no counter on the calling thread:
-``deque.append`` is atomic, the queue is bounded by its length (a fragment of ``n``
-values waits only while fewer than ``max_items`` items, and fewer than ``max_bytes ÷
-(8·n + ENTRY_OVERHEAD)``, do: what one size of fragment may hold), and how many calls
-were accepted is what was drained, dropped or is still queued, read under the lock
-that ``drain`` pops under. A counter would be a new int object per call, and what a
-``log()`` right after a stretch of other work costs is mostly cache misses, one per
-object and piece of code it touches: a lock alone cost about 5 µs there.
+``deque.append`` is atomic, the queue is bounded by its length (fewer than
+``max_items`` items, and fewer than ``max_bytes ÷ (8·n + ENTRY_OVERHEAD)`` for the
+largest fragment size ``n`` seen, so what waits never holds more than ``max_bytes``
+of values), and how many calls were accepted is what was drained, dropped or is still
+queued, read under the lock that ``drain`` pops under. A counter would be a new int
+object per call, and what a ``log()`` right after a stretch of other work costs is
+mostly cache misses, one per object and piece of code it touches: a lock alone cost
+about 5 µs there.
 When the queue is full the fragment is dropped (and counted, under the lock), but the
 step's commit still counts it, so the step shows as incomplete instead of silently
 wrong.
@@ -44,8 +45,8 @@ _is_cpu = attrgetter("is_cpu")
 
 class Intake:
     __slots__ = (
-        "_commit_order", "_committed", "_dropped", "_dropped_total", "_queue", "_seqs",
-        "_taken", "capture", "cuda_live", "float_sizes", "lock", "max_bytes", "max_items",
+        "_commit_order", "_committed", "_dropped", "_dropped_total", "_largest", "_queue",
+        "_seqs", "_taken", "capture", "cuda_live", "float_sizes", "lock", "max_bytes", "max_items",
         "on_drop", "rank", "tensor_sizes", "wake",
     )  # fmt: skip  # slots: fewer memory reads on the calling thread than a __dict__
 
@@ -53,12 +54,13 @@ class Intake:
         self.rank = rank
         self.capture = capture  # checks, on the draining thread, what log() queued unchecked
         # Sizes of fragments that passed every check on the calling thread, by the kind
-        # of their values, each with its queue bound: a later fragment of one of these
+        # of their values, each with the queue bound: a later fragment of one of these
         # sizes is checked on the draining thread (see logger). Changed in place only,
         # since the one-frame log() holds them.
         self.float_sizes: dict[int, int] = {}
         self.tensor_sizes: dict[int, int] = {}
         self.cuda_live: Callable[[], bool] = _no_cuda  # torch.cuda.is_initialized, once seen
+        self._largest = 0  # the most values of a fragment checked so far
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.lock = threading.Lock()  # commits, drops and the drain; never a queued fragment
@@ -80,6 +82,7 @@ class Intake:
         self._taken = self._dropped_total = 0
         self.float_sizes.clear()  # the first fragment checked at once again
         self.tensor_sizes.clear()
+        self._largest = 0
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -93,8 +96,10 @@ class Intake:
             return self._taken + self._dropped_total + len(self._queue)
 
     def bound(self, n: int) -> int:
-        """How many items may wait when a fragment of ``n`` values is queued."""
-        return min(self.max_items, self.max_bytes // (8 * n + ENTRY_OVERHEAD))
+        """How many items may wait when a fragment of ``n`` values is queued: as many
+        as ``max_bytes`` holds of the largest fragments seen, this one included."""
+        most = max(n, self._largest)
+        return min(self.max_items, self.max_bytes // (8 * most + ENTRY_OVERHEAD))
 
     def logger(self, checked: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
         """The training thread's ``log(step, fragments)``: what it must do at once, in
@@ -167,8 +172,11 @@ class Intake:
                 reads = TensorReads.get()
                 if reads is not None:
                     self.cuda_live = reads.cuda_live
-            sizes[n] = self.bound(n)
             other.pop(n, None)
+            sizes[n] = bound = self.bound(n)
+            self._largest = max(n, self._largest)
+            for known in (self.float_sizes, self.tensor_sizes):
+                known.update(dict.fromkeys(known, bound))  # in place: log() holds them
 
     def _drop(self, step: int) -> None:
         with self.lock:

@@ -20,12 +20,13 @@ class ReporterOptions:
     Batches are cut at ``max_batch_fragments`` fragments, ``max_batch_bytes`` of values,
     or ``flush_interval_s`` after their first fragment, whichever comes first. At most
     ``max_queue_items`` log()/commit() calls wait in memory before being batched, and a
-    fragment of ``n`` values is queued only while fewer than ``max_queue_bytes ÷ (8·n +
-    32)`` do (so fragments of one size hold at most ``max_queue_bytes`` of values; a
-    fragment that is not kept is counted in ``dropped``). At most ``max_queue_bytes`` of
-    encoded batches wait in memory to be sent; beyond that they go to the spool. A batch
-    answered with a 5xx (other than 503) more than ``max_server_errors`` times in a row
-    is quarantined in the spool, and later batches go on.
+    fragment is queued only while fewer than ``max_queue_bytes ÷ (8·n + 32)`` do, ``n``
+    the most values of any fragment so far (so what waits holds at most
+    ``max_queue_bytes`` of values; a fragment not kept is counted in ``dropped``). At most
+    ``max_queue_bytes`` of encoded batches wait in memory to be sent; beyond that they
+    go to the spool. A batch answered with a 5xx (other than 503) more than
+    ``max_server_errors`` times in a row is quarantined in the spool, and later batches
+    go on.
     """
 
     max_batch_fragments: int = 512

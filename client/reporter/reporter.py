@@ -122,9 +122,9 @@ class Reporter:
         tensor, and every error of the first fragment of each size (number of
         metrics) and kind (numbers, or host tensors). The rest of a later fragment's
         checks (its names, counts, bools, tensor shapes and dtypes) run on the
-        background thread, off the training thread's
-        time: a fragment failing one is refused there, counted in ``stats().rejected``
-        and logged with its step, rank and reason, and its step shows as incomplete.
+        background thread, off the training thread's time: a fragment failing one is
+        refused there, counted in ``stats().rejected`` and logged with its step, rank
+        and reason, and its step shows as incomplete.
         """
         if self._closed:
             raise ReporterClosed("log() after close(); create a new Reporter")

@@ -208,26 +208,30 @@ def test_the_one_frame_log_is_bounded_like_the_checked_path_and_numbers_what_it_
     assert drained[3] == Commit(7, 0, 5)  # the step will show two missing fragments
 
 
-def test_the_queue_bound_by_bytes_is_a_length_per_fragment_size() -> None:
-    """A fragment of n values waits only while fewer than max_bytes // (8n + 32) items
-    do, on the one-frame path and the checked one alike; every call is accepted and
-    counted, dropped ones too."""
+def test_the_queue_bound_by_bytes_is_a_length_set_by_the_largest_fragment() -> None:
+    """A fragment waits only while fewer than max_bytes // (8n + 32) items do, n the most
+    values of any fragment so far (so what waits never holds more than max_bytes), on
+    the one-frame path and the checked one alike; every call is accepted and counted,
+    dropped ones too."""
     names = [f"m{i}" for i in range(10)]  # 8 * 10 + 32 = 112 bytes a fragment
     intake = Intake(
         0, max_items=100, max_bytes=1000, capture=Capture(dict.fromkeys(names, Kind.SUM))
     )
     log = intake.logger(lambda step, fragments: None)
-    assert intake.bound(10) == 8 and intake.bound(1) == 25
-    assert intake.put(Entry(3, tuple(names), [1.0] * 10))  # checked: registers the size
-    for _ in range(9):
+    assert intake.bound(1) == 25 and intake.bound(10) == 8
+    assert intake.put(Entry(3, ("m0",), [1.0]))  # one value: registers room for 25
+    assert intake.float_sizes == {1: 25}
+    assert intake.put(Entry(3, tuple(names), [1.0] * 10))  # ten: room for 8, for both
+    assert intake.float_sizes == {1: 8, 10: 8} and intake.bound(1) == 8
+    for _ in range(7):
         log(3, dict.fromkeys(names, 2.0))
-    assert len(intake) == 8 and intake.accepted() == 10  # two dropped
-    assert intake.put(Entry(3, ("m0",), [1.0]))  # one value: room for 25
+    log(3, {"m0": 3.0})
+    assert len(intake) == 8 and intake.accepted() == 10  # two dropped, one of each size
     intake.commit(3)
-    assert intake.accepted() == 12
+    assert intake.accepted() == 11
     drained = intake.drain()
-    assert len(drained) == 10 and drained[-1] == Commit(3, 0, 11)  # 9 queued + 2 dropped
-    assert intake.accepted() == 12 and len(intake) == 0
+    assert len(drained) == 9 and drained[-1] == Commit(3, 0, 10)  # 8 queued + 2 dropped
+    assert intake.accepted() == 11 and len(intake) == 0
 
 
 def test_memory_of_a_reporter_is_bounded_while_down(tmp_path: Path) -> None:
