@@ -159,14 +159,18 @@ def collect_fragments(
 def fragments_to_host(
     fragments: Mapping[str, Tensor],
     companions: Mapping[str, str] = EXTREME_COMPANIONS,
-    exact: bool = False,
+    rounded: bool = False,
 ) -> dict[str, Value]:
     """Fragment values on the host, in one device-to-host transfer (the only sync): a
-    sum's parts as its correctly rounded value, or with ``exact`` as its canonical
-    expansion (a tuple when it has more than one term, as the wire takes it).
+    sum's parts as its canonical exact expansion (a tuple when it has more than one term,
+    as the wire takes it), so fragments combined on the host keep every bit whatever the
+    split; with ``rounded``, as its correctly rounded float instead (one rounding per
+    fragment: combined, those change bits with the split).
 
     An extremum whose companion count is 0 (an empty mask) is omitted, so it contributes
-    nothing to the step; every other value, NaN and ±inf included, is kept.
+    nothing to the step; every other value, NaN and ±inf included, is kept. The
+    companions default to the loss's; for :mod:`steptally.client.diagnostics` pass its
+    spec's ``guards``.
     """
     names = list(fragments)
     if not names:
@@ -180,7 +184,7 @@ def fragments_to_host(
             host[name] = flat[at]
         else:
             terms = expansion_of(flat[at : at + size])
-            host[name] = terms if exact and len(terms) > 1 else terms[0]
+            host[name] = terms[0] if rounded or len(terms) == 1 else terms
         at += size
     return {
         name: value

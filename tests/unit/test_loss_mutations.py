@@ -53,7 +53,7 @@ def _curr_filtered(make: LossFactory) -> list[str]:
     config = ClippedPGConfig(kl_input_clamp_value=None, kl_output_clamp_value=None)
     unf, ref = [[-4.0, -1.0, -2.0]], [[-3.0, -1.2, -2.0]]
     b = batch([[-INF, -1.0, -2.0]], [[-3.0, -1.1, -2.0]], [[-3.0, -1.1, -2.0]], ref, unf)
-    f = fragments_to_host(make(config)(b)[1])
+    f = fragments_to_host(make(config)(b)[1], rounded=True)
     kl = sum(math.exp(r - c) - 1 - (r - c) for r, c in zip(ref[0], unf[0], strict=True))
     problems = []
     if f[F.ACTOR_TOKENS] != 2.0 or f[F.PROBS_RATIO_MAX] > 1.2:
@@ -67,7 +67,9 @@ def _curr_filtered(make: LossFactory) -> list[str]:
 
 def _prev_filtered(make: LossFactory) -> list[str]:
     b = batch([[-1.0, -1.5, -2.0]], [[-1.2, -INF, -2.1]], [[-1.2, -1.4, -2.1]])
-    f = fragments_to_host(make(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1])
+    f = fragments_to_host(
+        make(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1], rounded=True
+    )
     problems = []
     if f[F.ACTOR_TOKENS] != 2.0 or f[F.PROBS_RATIO_MIN] < 1.0:
         problems.append("prev -inf makes an exp(curr) ratio")
@@ -79,7 +81,7 @@ def _prev_filtered(make: LossFactory) -> list[str]:
 def _force_on_policy(make: LossFactory) -> list[str]:
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True)
     b = batch([[-INF, -1.0, -2.0]], [[-3.0, -1.0, -2.0]], [[-5.0, -1.0, -2.0]])
-    f = fragments_to_host(make(config)(b)[1])
+    f = fragments_to_host(make(config)(b)[1], rounded=True)
     error = f[F.TOKEN_MULT_PROB_ERROR_NUM] / f[F.MISMATCH_TOKENS]
     return [] if error == 1.0 else [f"token_mult_prob_error reads {error:.2f}, not 1"]
 
@@ -188,7 +190,7 @@ def test_keep_ignored_reproduces_the_old_50_14(monkeypatch):
     make = _keep_ignored(monkeypatch)
     config = ClippedPGConfig(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True)
     b = batch([[-INF, -1.0, -2.0]], [[-3.0, -1.0, -2.0]], [[-5.0, -1.0, -2.0]])
-    f = fragments_to_host(make(config)(b)[1])
+    f = fragments_to_host(make(config)(b)[1], rounded=True)
     old = f[F.TOKEN_MULT_PROB_ERROR_NUM] / f[F.MISMATCH_TOKENS]
     assert old == pytest.approx(50.14, abs=0.005)
 
@@ -196,8 +198,8 @@ def test_keep_ignored_reproduces_the_old_50_14(monkeypatch):
 def test_unmutated_loss_is_unchanged_after_mutation_tests():
     b = replace(batch([[-1.0]], [[-1.0]], [[-1.0]]), global_valid_tokens=1.0)
     assert (
-        fragments_to_host(ClippedPGLoss(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1])[
-            F.PROBS_RATIO_NUM
-        ]
+        fragments_to_host(
+            ClippedPGLoss(ClippedPGConfig(reference_policy_kl_penalty=0.0))(b)[1], rounded=True
+        )[F.PROBS_RATIO_NUM]
         == 1.0
     )
