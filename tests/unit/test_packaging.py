@@ -17,5 +17,13 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([name, *rel.parts]))
+    # a folder of data only is a package of its own (listed, with its package-data), so
+    # setuptools installs it without a warning per folder
+    for package in config["package-data"]:
+        root = max((n for n in config["package-dir"] if package.startswith(n)), key=len)
+        folder = ROOT / config["package-dir"][root] / package[len(root) + 1 :].replace(".", "/")
+        assert folder.is_dir(), package
+        if not (folder / "__init__.py").exists():
+            found.add(package)
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert listed - found == set(), "these listed packages have no folder"
