@@ -26,10 +26,43 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-WORDS = (
-    "the a one two three four five six seven eight nine ten red green blue cat dog bird "
-    "fish runs jumps sits sleeps eats big small fast slow and or not yes no good bad"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "red",
+    "green",
+    "blue",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "runs",
+    "jumps",
+    "sits",
+    "sleeps",
+    "eats",
+    "big",
+    "small",
+    "fast",
+    "slow",
+    "and",
+    "or",
+    "not",
+    "yes",
+    "no",
+    "good",
+    "bad",
+]
 REWARD_WORD = "yes"
 SEED = 1234
 EOS_PROB = 0.15  # per-token chance of EOS at init: most completions end before 8 tokens

@@ -1,0 +1,200 @@
+"""The drop-in ``GRPOTrainer`` on a real TRL training loop, against a real service.
+
+A tiny randomly initialised causal LM (``support.tiny_grpo``: nothing downloaded) trains
+GRPO on CPU with ``num_iterations=2``, ``beta > 0``, two accumulation microbatches per
+optimizer step and completions of uneven lengths. Every step must be complete on the
+service, and each metric the exact token-weighted mean computed independently from
+TRL's own per-microbatch values and token counts, while TRL's logged mean of means
+differs. Reporting must not change a bit of TRL's training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+import trl  # noqa: E402
+from support.tiny_grpo import (  # noqa: E402
+    WARNING_FILTERS,
+    grpo_config,
+    tiny_model_dir,
+    toy_dataset,
+    toy_reward,
+)
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from steptally.integrations.trl import GRPOTrainer  # noqa: E402
+
+pytestmark = [pytest.mark.torch, *(pytest.mark.filterwarnings(f) for f in WARNING_FILTERS)]
+#: TRL's per-microbatch metric name → Steptally's
+METRICS = {
+    "entropy": "entropy",
+    "kl": "kl",
+    "clip_ratio/low_mean": "clip_ratio_low_mean",
+    "clip_ratio/high_mean": "clip_ratio_high_mean",
+    "clip_ratio/region_mean": "clip_ratio_region_mean",
+}
+STEPS = 4
+
+
+class Recording(GRPOTrainer):
+    """Records, per optimizer step, TRL's own per-microbatch metric values (before its
+    log() averages them) and each training microbatch's tensors."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.window: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        super().__init__(*args, **kwargs)
+
+    def _compute_loss(self, model: Any, inputs: Any) -> Any:
+        loss = super()._compute_loss(model, inputs)
+        if self.model.training:
+            logps, _ = self._get_per_token_logps_and_entropies(
+                model,
+                torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+                torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+                inputs["completion_ids"].size(1),
+            )[:2]
+            old = inputs.get("old_per_token_logps")
+            mask = inputs["completion_mask"].bool()
+            ratio = torch.exp(logps.detach() - (logps.detach() if old is None else old))
+            self.window.append({"tokens": int(mask.sum()), "ratio": ratio[mask].double()})
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training and "loss" in logs:
+            values = {k: list(self._metrics["train"][k]) for k in METRICS}
+            self.steps.append({"step": self.state.global_step, "values": values, "mb": self.window})
+            self.window = []
+        super().log(logs, start_time)
+
+
+def _trainer(cls: type[Any], model_dir: Path, out: Path, **kwargs: Any) -> Any:
+    return cls(
+        model=str(model_dir),
+        reward_funcs=toy_reward,
+        args=grpo_config(out, **{"max_steps": STEPS, **kwargs.pop("config", {})}),
+        train_dataset=toy_dataset(16),
+        processing_class=PreTrainedTokenizerFast.from_pretrained(str(model_dir)),
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny-lm"))
+
+
+def _step(url: str, run: str, step: int) -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(f"{url}/v1/runs/{run}/steps/{step}").json()
+    return found
+
+
+def test_every_metric_is_the_exact_token_weighted_mean_of_the_step(
+    db_url: str, serve: Callable[..., Any], model_dir: Path, tmp_path: Path
+) -> None:
+    service = serve(db_url)
+    trainer = _trainer(
+        Recording, model_dir, tmp_path / "out", steptally_url=service.url, steptally_run="trl-x"
+    )
+    trainer.train()
+    assert trainer.steptally.flush(30) and trainer.steptally.stats().rejected == 0
+    assert [s["step"] for s in trainer.steps] == list(range(1, STEPS + 1))
+    uneven = 0
+    for record in trainer.steps:
+        step = _step(service.url, "trl-x", record["step"])
+        assert step["status"] == "complete"
+        assert step["fragments"] == {"received": 2, "expected": 2}  # both microbatches
+        served = {name: m["value"] for name, m in step["metrics"].items()}
+        tokens = [mb["tokens"] for mb in record["mb"]]
+        assert served["completion_tokens"] == sum(tokens)
+        uneven += len(set(tokens)) > 1
+        for trl_name, name in METRICS.items():
+            per_mb = record["values"][trl_name]
+            assert len(per_mb) == len(tokens)
+            weighted = math.fsum(v * n for v, n in zip(per_mb, tokens, strict=True)) / sum(tokens)
+            assert served[name] == pytest.approx(weighted, rel=1e-6, abs=1e-7), name
+        ratios = torch.cat([mb["ratio"] for mb in record["mb"]])
+        assert served["probs_ratio"] == pytest.approx(math.fsum(ratios.tolist()) / len(ratios))
+        assert served["probs_ratio_max"] == pytest.approx(ratios.max().item(), rel=1e-6)
+        assert served["probs_ratio_min"] == pytest.approx(ratios.min().item(), rel=1e-6)
+    assert uneven >= 2  # the microbatches of most steps hold different numbers of tokens
+    # what TRL logs: the plain mean of the microbatch means, which differs where uneven
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    differs = [
+        abs(
+            logged[r["step"]]["kl"]
+            - _step(service.url, "trl-x", r["step"])["metrics"]["kl"]["value"]
+        )
+        for r in trainer.steps
+    ]
+    assert max(differs) > 1e-5
+    # the second iteration over a generation batch moved the policy: the ratio is not 1
+    assert any(
+        _step(service.url, "trl-x", s)["metrics"]["probs_ratio"]["value"] != 1.0 for s in (2, 4)
+    )
+
+
+def _losses(trainer: Any) -> list[tuple[float, float]]:
+    return [(e["loss"], e["grad_norm"]) for e in trainer.state.log_history if "loss" in e]
+
+
+def test_reporting_changes_nothing_in_training(
+    sqlite_url: str, serve: Callable[..., Any], model_dir: Path, tmp_path: Path
+) -> None:
+    service = serve(sqlite_url)
+    plain = _trainer(trl.GRPOTrainer, model_dir, tmp_path / "plain")
+    plain.train()
+    reported = _trainer(GRPOTrainer, model_dir, tmp_path / "rep", steptally_url=service.url)
+    reported.train()
+    assert reported.steptally is not None and reported.steptally.run == "rep"
+    assert _losses(reported) == _losses(plain)  # bit for bit
+    params = zip(plain.model.parameters(), reported.model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in params)
+
+
+def test_without_a_url_it_trains_as_trl_and_says_so_once(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    monkeypatch.delenv("STEPTALLY_URL", raising=False)
+    with caplog.at_level(logging.WARNING, logger="steptally.integrations.trl"):
+        trainer = _trainer(GRPOTrainer, model_dir, tmp_path / "off", config={"max_steps": 1})
+        trainer.train()
+    assert trainer.steptally is None
+    said = [r.getMessage() for r in caplog.records if r.name == "steptally.integrations.trl"]
+    assert said == ["steptally: reporting is off (set STEPTALLY_URL to turn it on)"]
+
+
+def test_evaluation_batches_are_not_reported(
+    sqlite_url: str,
+    serve: Callable[..., Any],
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = serve(sqlite_url)
+    monkeypatch.setenv("STEPTALLY_URL", service.url)
+    monkeypatch.setenv("STEPTALLY_RUN", "trl-eval")
+    trainer = _trainer(
+        GRPOTrainer,
+        model_dir,
+        tmp_path / "eval",
+        config={"max_steps": 2, "eval_strategy": "steps", "eval_steps": 1},
+        eval_dataset=toy_dataset(8),
+    )
+    trainer.train()
+    assert trainer.steptally.flush(30)
+    assert any("eval_loss" in e for e in trainer.state.log_history)  # evaluation ran
+    for step in (1, 2):
+        found = _step(service.url, "trl-eval", step)
+        assert found["status"] == "complete"
+        assert found["fragments"] == {"received": 2, "expected": 2}
