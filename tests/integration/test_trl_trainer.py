@@ -10,8 +10,12 @@ differs. Reporting must not change a bit of TRL's training.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 import trl  # noqa: E402
+from support.served import free_port  # noqa: E402
 from support.tiny_grpo import (  # noqa: E402
     WARNING_FILTERS,
     grpo_config,
@@ -30,52 +35,13 @@ from support.tiny_grpo import (  # noqa: E402
     toy_dataset,
     toy_reward,
 )
+from support.trl_recording import METRICS, Recording  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from steptally.integrations.trl import GRPOTrainer  # noqa: E402
 
 pytestmark = [pytest.mark.torch, *(pytest.mark.filterwarnings(f) for f in WARNING_FILTERS)]
-#: TRL's per-microbatch metric name → Steptally's
-METRICS = {
-    "entropy": "entropy",
-    "kl": "kl",
-    "clip_ratio/low_mean": "clip_ratio_low_mean",
-    "clip_ratio/high_mean": "clip_ratio_high_mean",
-    "clip_ratio/region_mean": "clip_ratio_region_mean",
-}
 STEPS = 4
-
-
-class Recording(GRPOTrainer):
-    """Records, per optimizer step, TRL's own per-microbatch metric values (before its
-    log() averages them) and each training microbatch's tensors."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.window: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        super().__init__(*args, **kwargs)
-
-    def _compute_loss(self, model: Any, inputs: Any) -> Any:
-        loss = super()._compute_loss(model, inputs)
-        if self.model.training:
-            logps, _ = self._get_per_token_logps_and_entropies(
-                model,
-                torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-                torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
-                inputs["completion_ids"].size(1),
-            )[:2]
-            old = inputs.get("old_per_token_logps")
-            mask = inputs["completion_mask"].bool()
-            ratio = torch.exp(logps.detach() - (logps.detach() if old is None else old))
-            self.window.append({"tokens": int(mask.sum()), "ratio": ratio[mask].double()})
-        return loss
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.model.training and "loss" in logs:
-            values = {k: list(self._metrics["train"][k]) for k in METRICS}
-            self.steps.append({"step": self.state.global_step, "values": values, "mb": self.window})
-            self.window = []
-        super().log(logs, start_time)
 
 
 def _trainer(cls: type[Any], model_dir: Path, out: Path, **kwargs: Any) -> Any:
@@ -94,6 +60,30 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("tiny-lm"))
 
 
+def _check_step(url: str, run: str, record: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
+    """The served step against TRL's own values: each TRL value of a microbatch is
+    already pooled over the ranks, so it weighs with the tokens of that microbatch on
+    every rank. Whether the step's microbatches were uneven."""
+    step = _step(url, run, record["step"])
+    assert step["status"] == "complete"
+    assert step["ranks_committed"] == list(range(len(ranks)))
+    expected = len(ranks) * len(record["mb"])
+    assert step["fragments"] == {"received": expected, "expected": expected}
+    served = {name: m["value"] for name, m in step["metrics"].items()}
+    tokens = [sum(r["mb"][i]["tokens"] for r in ranks) for i in range(len(record["mb"]))]
+    assert served["completion_tokens"] == sum(tokens)
+    for trl_name, name in METRICS.items():
+        per_mb = record["values"][trl_name]
+        assert len(per_mb) == len(tokens)
+        weighted = math.fsum(v * n for v, n in zip(per_mb, tokens, strict=True)) / sum(tokens)
+        assert served[name] == pytest.approx(weighted, rel=1e-6, abs=1e-7), name
+    ratios = [x for r in ranks for mb in r["mb"] for x in mb["ratio"]]
+    assert served["probs_ratio"] == pytest.approx(math.fsum(ratios) / len(ratios))
+    assert served["probs_ratio_max"] == pytest.approx(max(ratios), rel=1e-6)
+    assert served["probs_ratio_min"] == pytest.approx(min(ratios), rel=1e-6)
+    return len(set(tokens)) > 1
+
+
 def _step(url: str, run: str, step: int) -> dict[str, Any]:
     found: dict[str, Any] = httpx.get(f"{url}/v1/runs/{run}/steps/{step}").json()
     return found
@@ -109,24 +99,7 @@ def test_every_metric_is_the_exact_token_weighted_mean_of_the_step(
     trainer.train()
     assert trainer.steptally.flush(30) and trainer.steptally.stats().rejected == 0
     assert [s["step"] for s in trainer.steps] == list(range(1, STEPS + 1))
-    uneven = 0
-    for record in trainer.steps:
-        step = _step(service.url, "trl-x", record["step"])
-        assert step["status"] == "complete"
-        assert step["fragments"] == {"received": 2, "expected": 2}  # both microbatches
-        served = {name: m["value"] for name, m in step["metrics"].items()}
-        tokens = [mb["tokens"] for mb in record["mb"]]
-        assert served["completion_tokens"] == sum(tokens)
-        uneven += len(set(tokens)) > 1
-        for trl_name, name in METRICS.items():
-            per_mb = record["values"][trl_name]
-            assert len(per_mb) == len(tokens)
-            weighted = math.fsum(v * n for v, n in zip(per_mb, tokens, strict=True)) / sum(tokens)
-            assert served[name] == pytest.approx(weighted, rel=1e-6, abs=1e-7), name
-        ratios = torch.cat([mb["ratio"] for mb in record["mb"]])
-        assert served["probs_ratio"] == pytest.approx(math.fsum(ratios.tolist()) / len(ratios))
-        assert served["probs_ratio_max"] == pytest.approx(ratios.max().item(), rel=1e-6)
-        assert served["probs_ratio_min"] == pytest.approx(ratios.min().item(), rel=1e-6)
+    uneven = sum(_check_step(service.url, "trl-x", record, [record]) for record in trainer.steps)
     assert uneven >= 2  # the microbatches of most steps hold different numbers of tokens
     # what TRL logs: the plain mean of the microbatch means, which differs where uneven
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
@@ -198,3 +171,43 @@ def test_evaluation_batches_are_not_reported(
         found = _step(service.url, "trl-eval", step)
         assert found["status"] == "complete"
         assert found["fragments"] == {"received": 2, "expected": 2}
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_both_commit_every_step(
+    sqlite_url: str, serve: Callable[..., Any], model_dir: Path, tmp_path: Path
+) -> None:
+    """Two CPU processes (gloo): each step has two ranks, both committed, and the values
+    are the exact means over both ranks' tokens."""
+    service = serve(sqlite_url)
+    launch = Path(__file__).resolve().parents[1] / "support" / "trl_launch.py"
+    env = {**os.environ, "STEPTALLY_URL": service.url, "STEPTALLY_RUN": "trl-2p"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(launch),
+            str(model_dir),
+            str(tmp_path),
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert all(r["stats"]["rejected"] == 0 and r["stats"]["sent"] == 6 for r in ranks)
+    run = httpx.get(f"{service.url}/v1/runs/trl-2p").json()
+    assert run["world_size"] == 2
+    for i, record in enumerate(ranks[0]["steps"]):
+        assert record["step"] == i + 1
+        assert ranks[1]["steps"][i]["values"] == record["values"]  # TRL's pooled values
+        _check_step(service.url, "trl-2p", record, [r["steps"][i] for r in ranks])
