@@ -211,3 +211,30 @@ def test_two_processes_under_torchrun_both_commit_every_step(
         assert record["step"] == i + 1
         assert ranks[1]["steps"][i]["values"] == record["values"]  # TRL's pooled values
         _check_step(service.url, "trl-2p", record, [r["steps"][i] for r in ranks])
+
+
+def test_the_short_last_accumulation_window_of_an_epoch_is_a_step(
+    sqlite_url: str, serve: Callable[..., Any], model_dir: Path, tmp_path: Path
+) -> None:
+    """Three microbatches per generation and two per optimizer step: an epoch of 15
+    microbatches ends with a window of one, which is a step of its own, complete."""
+    service = serve(sqlite_url)
+    trainer = _trainer(
+        Recording,
+        model_dir,
+        tmp_path / "epoch",
+        config={
+            "max_steps": -1,
+            "num_train_epochs": 1,
+            "num_iterations": 1,
+            "steps_per_generation": 3,
+        },
+        steptally_url=service.url,
+        steptally_run="trl-epoch",
+    )
+    trainer.train()
+    assert trainer.steptally.flush(30)
+    assert trainer.state.global_step == 8
+    assert [len(r["mb"]) for r in trainer.steps] == [2] * 7 + [1]
+    for record in trainer.steps:
+        _check_step(service.url, "trl-epoch", record, [record])
