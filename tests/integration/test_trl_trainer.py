@@ -10,6 +10,7 @@ differs. Reporting must not change a bit of TRL's training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -238,3 +239,81 @@ def test_the_short_last_accumulation_window_of_an_epoch_is_a_step(
     assert [len(r["mb"]) for r in trainer.steps] == [2] * 7 + [1]
     for record in trainer.steps:
         _check_step(service.url, "trl-epoch", record, [record])
+
+
+class Sampled(Recording):
+    """As if generation came from vLLM with importance sampling on: each generation batch
+    carries sampling logprobs (one NaN: a token the sampler could not score) and TRL's
+    truncated token-level importance ratio built from them, as TRL 1.16 builds it."""
+
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        out = super()._generate_and_score_completions(inputs)
+        old = out["old_per_token_logps"]
+        g = torch.Generator().manual_seed(int(out["completion_ids"].sum()))
+        sampling = old + 0.2 * torch.randn(old.shape, generator=g)
+        sampling[0, 0] = math.nan
+        diff = torch.nan_to_num((old - sampling) * out["completion_mask"], nan=0.0)
+        out["sampling_per_token_logps"] = sampling
+        out["importance_sampling_ratio"] = torch.exp(diff).clamp(max=2.0)
+        return out
+
+    def _compute_loss(self, model: Any, inputs: Any) -> Any:
+        step = self.state.global_step + 1
+        self.seen = [*getattr(self, "seen", []), (step, inputs)]  # after TRL's shuffle
+        return super()._compute_loss(model, inputs)
+
+
+def test_sampling_diagnostics_when_importance_sampling_is_on(
+    sqlite_url: str,
+    serve: Callable[..., Any],
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import steptally.integrations.trl as adapter
+
+    service = serve(sqlite_url)
+    plain = adapter.diagnostics_config
+
+    def with_vllm_is(trainer: Any) -> Any:
+        assert not plain(trainer).sampling  # no vLLM here: pretend its outputs
+        return dataclasses.replace(plain(trainer), sampling=True, importance_ratio=True)
+
+    monkeypatch.setattr(adapter, "diagnostics_config", with_vllm_is)
+    trainer = _trainer(
+        Sampled,
+        model_dir,
+        tmp_path / "is",
+        config={"max_steps": 2, "num_iterations": 1, "steps_per_generation": 4},
+        steptally_url=service.url,
+        steptally_run="trl-is",
+    )
+    trainer.train()
+    assert trainer.steptally.flush(30)
+    for step in (1, 2):
+        batches = [b for at, b in trainer.seen if at == step]
+        assert len(batches) == 2
+
+        def cat(name: str, batches: list[Any] = batches) -> Any:
+            return torch.cat([b[name] for b in batches])
+
+        m = cat("completion_mask").bool()
+        old, sampling = cat("old_per_token_logps").double(), cat("sampling_per_token_logps")
+        scored = m & ~torch.isnan(sampling)
+        served = {k: v["value"] for k, v in _step(service.url, "trl-is", step)["metrics"].items()}
+        diff = (old - sampling.double()).abs()[scored]
+        assert served["sampling_logp_difference_mean"] == pytest.approx(
+            math.fsum(diff.tolist()) / len(diff)
+        )
+        assert served["sampling_logp_difference_max"] == pytest.approx(diff.max().item())
+        assert served["unscored_tokens"] == float((m & ~scored).sum())
+        values = cat("importance_sampling_ratio").double()[m]
+        assert served["importance_sampling_ratio_mean"] == pytest.approx(
+            math.fsum(values.tolist()) / len(values)
+        )
+        assert served["importance_sampling_ratio_max"] == pytest.approx(values.max().item())
+        assert served["importance_sampling_ratio_min"] == pytest.approx(values.min().item())
+    unscored = [
+        _step(service.url, "trl-is", s)["metrics"]["unscored_tokens"]["value"] for s in (1, 2)
+    ]
+    assert sorted(unscored) == [0.0, 1.0]  # the one NaN, in whichever step it fell
