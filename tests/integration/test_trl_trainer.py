@@ -29,14 +29,13 @@ torch = pytest.importorskip("torch")
 
 import trl  # noqa: E402
 from support.served import free_port  # noqa: E402
-from support.tiny_grpo import (  # noqa: E402
-    WARNING_FILTERS,
+from support.trl_recording import METRICS, WARNING_FILTERS, Recording  # noqa: E402
+from tiny_lm import (  # noqa: E402
     grpo_config,
     tiny_model_dir,
     toy_dataset,
     toy_reward,
 )
-from support.trl_recording import METRICS, Recording  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from steptally.integrations.trl import GRPOTrainer  # noqa: E402

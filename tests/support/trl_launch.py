@@ -14,12 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
-from transformers import PreTrainedTokenizerFast
+from tiny_lm import grpo_config, toy_dataset, toy_reward  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from support.tiny_grpo import grpo_config, toy_dataset, toy_reward
-from support.trl_recording import Recording
+from support.trl_recording import Recording  # noqa: E402
 
 
 def main(model_dir: str, output_dir: str, steps: int = 3) -> None:

@@ -11,6 +11,11 @@ import torch
 
 from steptally.integrations.trl import GRPOTrainer
 
+#: `filterwarnings` specs for what a tiny CPU run warns of that no setting removes
+WARNING_FILTERS: list[str] = [
+    # TRL 1.16 reads the deprecated alias in `unwrap_model_for_generation` on every generation
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning:transformers.modeling_utils",
+]
 #: TRL's per-microbatch metric name → Steptally's
 METRICS = {
     "entropy": "entropy",

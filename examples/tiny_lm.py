@@ -1,9 +1,10 @@
-"""A real ``trl.GRPOTrainer`` loop on CPU with a tiny, randomly initialised model.
+"""A tiny, randomly initialised causal LM for a GRPO run on CPU, with nothing downloaded.
 
-Nothing comes from the Hugging Face hub: the model is built from a ``Qwen2Config``, the
-tokenizer from an in-memory word-level vocabulary, the dataset from plain strings.
-Importing this module sets ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` /
-``HF_DATASETS_OFFLINE`` (a child process launched afterwards inherits them).
+The model is built from a ``Qwen2Config``, the tokenizer from an in-memory word-level
+vocabulary, the prompts from plain strings, the reward from word counts: enough for a
+real ``trl.GRPOTrainer`` loop to train in seconds (``examples/trl_grpo.py``, the tests and
+``bench/trl_step.py`` use it). Importing this module sets ``HF_HUB_OFFLINE`` and its
+siblings, so nothing reaches for the hub (a child process inherits them).
 """
 
 from __future__ import annotations
@@ -23,55 +24,17 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-WORDS = [
-    "the",
-    "a",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "red",
-    "green",
-    "blue",
-    "cat",
-    "dog",
-    "bird",
-    "fish",
-    "runs",
-    "jumps",
-    "sits",
-    "sleeps",
-    "eats",
-    "big",
-    "small",
-    "fast",
-    "slow",
-    "and",
-    "or",
-    "not",
-    "yes",
-    "no",
-    "good",
-    "bad",
-]
+VOCABULARY = (
+    "the a one two three four five six seven eight nine ten red green blue cat dog bird "
+    "fish runs jumps sits sleeps eats big small fast slow and or not yes no good bad"
+)
+WORDS = tuple(VOCABULARY.split())
 REWARD_WORD = "yes"
 SEED = 1234
 EOS_PROB = 0.15  # per-token chance of EOS at init: most completions end before 8 tokens
-
-# Each entry: a `filterwarnings` spec for the warnings a tiny CPU run emits that no setting removes.
-WARNING_FILTERS: list[str] = [
-    # TRL 1.16 reads the deprecated alias in `unwrap_model_for_generation` on every generation
-    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning:transformers.modeling_utils",
-]
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -85,21 +48,22 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=EOS,
         unk_token=UNK,
         padding_side="left",
-        model_max_length=64,
+        model_max_length=512,
     )
 
 
-def tiny_model_dir(path: Path) -> Path:
-    """Save a seeded tiny Qwen2 causal LM and its tokenizer into ``path``; return ``path``."""
+def tiny_model_dir(path: Path, hidden: int = 32, layers: int = 2) -> Path:
+    """Save a seeded tiny Qwen2 causal LM (``hidden`` wide, ``layers`` deep) and its
+    tokenizer into ``path``; return ``path``."""
     tokenizer = tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=512,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -175,24 +139,3 @@ def grpo_config(output_dir: str | Path, **overrides: Any) -> GRPOConfig:
     }
     kwargs.update(overrides)
     return GRPOConfig(**kwargs)
-
-
-def train(
-    trainer_cls: type[GRPOTrainer],
-    model_dir: str | Path,
-    output_dir: str | Path,
-    *,
-    n_prompts: int = 16,
-    **config_overrides: Any,
-) -> GRPOTrainer:
-    """Build ``trainer_cls`` on the tiny model in ``model_dir``, train it, return it."""
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-    trainer = trainer_cls(
-        model=str(model_dir),
-        reward_funcs=toy_reward,
-        args=grpo_config(output_dir, **config_overrides),
-        train_dataset=toy_dataset(n_prompts),
-        processing_class=tokenizer,
-    )
-    trainer.train()
-    return trainer
