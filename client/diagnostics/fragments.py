@@ -4,7 +4,7 @@ Nothing here touches the trainer's loss or its gradient: every input is detached
 read under ``no_grad``. Nothing syncs with the host either: shapes and which tensors are
 present are checked on the host, values never are, and every reduction stays on the
 tensors' device. A sum is the **exact** sum of its terms as ``[LIMBS]`` parts (one stacked
-exact pass for the per-token rows, one for the per-sequence rows), a count a float64
+exact pass for all of them), a count a float64
 integer (exact in any order below 2**53), an extremum a 0-d float64 that holds the neutral
 ±inf over an empty set and is then skipped by its guard (see :mod:`.spec`).
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from steptally.client.diagnostics.config import DiagnosticsConfig
@@ -125,17 +126,18 @@ class _Rows:
         rows[name] = torch.where(where, values.to(F64), 0.0)
 
     def fragments(self) -> dict[str, Tensor]:
-        flat = {name: row.reshape(-1) for name, row in self.tokens.items()}
-        _, token_parts = exact_sums_and_parts({}, flat)
-        _, seq_parts = exact_sums_and_parts({}, self.seqs)
-        names = list(self.counts)
-        counts = torch.stack([self.counts[n].reshape(-1).sum(dtype=F64) for n in names])
-        return {
-            **token_parts,
-            **seq_parts,
-            **dict(zip(names, counts.unbind(0), strict=True)),
-            **self.extrema,
-        }
+        """One exact pass over every row (a per-sequence row is padded with zeros to the
+        per-token length, which changes no sum) and one stacked sum per shape of mask."""
+        rows = {name: row.reshape(-1) for name, row in {**self.tokens, **self.seqs}.items()}
+        width = max((row.numel() for row in rows.values()), default=0)
+        padded = {name: F.pad(row, (0, width - row.numel())) for name, row in rows.items()}
+        _, parts = exact_sums_and_parts({}, padded)
+        counts: dict[str, Tensor] = {}
+        for shape in {mask.shape for mask in self.counts.values()}:
+            names = [n for n, mask in self.counts.items() if mask.shape == shape]
+            stacked = torch.stack([self.counts[n] for n in names]).reshape(len(names), -1)
+            counts.update(zip(names, stacked.sum(-1, dtype=F64).unbind(0), strict=True))
+        return {**parts, **counts, **self.extrema}
 
 
 def _ratio_signals(
