@@ -1,7 +1,8 @@
 """What Steptally reporting costs a TRL GRPO training step, interleaved in one run.
 
-Three trainers train the same tiny model on the same data, round after round, in a
-rotating order: TRL's own ``trl.GRPOTrainer`` (the anchor), the drop-in
+Four trainers train the same tiny model on the same data, round after round, in a
+rotating order: TRL's own ``trl.GRPOTrainer`` (the anchor, and once more as a second
+trainer: the comparison's noise floor), the drop-in
 ``steptally.integrations.trl.GRPOTrainer`` reporting to a live ``steptally serve``
 (SQLite, a subprocess on this machine), and the drop-in reporting to a service that is
 down (a closed port: the reporter retries and spools in the background). Per optimizer
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+REPORTING = ("steptally", "down")  # the drop-in, its service up or down
 sys.path.insert(0, str(ROOT / "examples"))
 RESULTS = ROOT / "bench" / "results"
 
@@ -127,14 +129,14 @@ def train(kind: str, model: Path, out: Path, args: argparse.Namespace, url: str)
         "processing_class": PreTrainedTokenizerFast.from_pretrained(str(model)),
     }
     clock = StepClock()
-    if kind == "trl":
+    if kind in ("trl", "trl-again"):
         trainer: Any = trl.GRPOTrainer(**common, callbacks=[clock])
     else:
         run = f"bench-{kind}-{time.monotonic_ns()}"
         trainer = Timed(**common, callbacks=[clock], steptally_url=url, steptally_run=run)
     trainer.train()
     found = {"kind": kind, "step_s": clock.times[1:]}  # the first step warms caches
-    if kind != "trl":
+    if kind in REPORTING:
         found["report_s"] = trainer.report_s
         found["log_s"] = trainer.log_s
         found["stats"] = trainer.steptally.stats()
@@ -150,19 +152,29 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--completion", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch's intra-op threads (0: its default, one per core)",
+    )
     p.add_argument("--record", metavar="LABEL", help="append the rows to bench/results/")
     args = p.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         os.environ["XDG_CACHE_HOME"] = str(folder / "cache")  # the down run's spools
         model = tiny_model_dir(folder / "model", hidden=args.hidden, layers=args.layers)
         proc, url = start_service(folder)
         down = f"http://127.0.0.1:{free_port()}"
-        runs: dict[str, list[dict[str, Any]]] = {"trl": [], "steptally": [], "down": []}
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("trl", "trl-again", *REPORTING)}
         try:
             kinds = list(runs)
             for r in range(args.rounds):
-                for kind in kinds[r % 3 :] + kinds[: r % 3]:
+                for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
                     target = down if kind == "down" else url
                     found = train(kind, model, folder / f"{kind}-{r}", args, target)
                     runs[kind].append(found)
@@ -181,7 +193,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> i
     steps = {k: [s for f in v for s in f["step_s"]] for k, v in runs.items()}
     base = statistics.median(steps["trl"])
     print(
-        f"\nmodel: hidden {args.hidden}, {args.layers} layers; {args.batch} completions of "
+        f"\ntorch threads: {args.torch_threads or 'default'}; model: hidden {args.hidden}, "
+        f"{args.layers} layers; {args.batch} completions of "
         f"up to {args.completion} tokens per microbatch, 2 microbatches per step"
     )
     rows = []
@@ -193,7 +206,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> i
             "step_median_ms": med * 1e3,
             "ratio_to_trl": med / base,
         }
-        if kind != "trl":
+        if kind in REPORTING:
             report_s = [s for f in runs[kind] for s in f["report_s"]]
             log_s = [s for f in runs[kind] for s in f["log_s"]]
             per_step = 2 * statistics.median(report_s)
@@ -203,7 +216,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> i
                 "log_median_us": statistics.median(log_s) * 1e6,
                 "log_max_us": max(log_s) * 1e6,
             }
-        if kind != "trl":
+        if kind != "trl":  # trl-again: the noise floor of the same comparison
             paired = [
                 a / b
                 for f, g in zip(runs[kind], runs["trl"], strict=True)
@@ -222,7 +235,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> i
         path = RESULTS / "trl_step.csv"
         new = not path.exists()
         with path.open("a", newline="") as f:
-            w = csv.DictWriter(f, ["label", "hidden", "layers", "completion", "batch", *rows[-1]])
+            head = ["label", "hidden", "layers", "completion", "batch", "torch_threads"]
+            w = csv.DictWriter(f, [*head, *rows[-1]])
             if new:
                 w.writeheader()
             for row in rows:
@@ -233,6 +247,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> i
                         "layers": args.layers,
                         "completion": args.completion,
                         "batch": args.batch,
+                        "torch_threads": args.torch_threads or "default",
                         **row,
                     }
                 )
@@ -246,13 +261,25 @@ def plot(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = {"trl": "trl.GRPOTrainer", "steptally": "drop-in, service up", "down": "drop-in, down"}
-    steps = [[s * 1e3 for f in runs[k] for s in f["step_s"]] for k in labels]
-    left.boxplot(steps, showfliers=True)
-    left.set_xticks(range(1, 4), list(labels.values()))
-    left.set_ylabel("optimizer step (ms)")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    labels = {
+        "steptally": "drop-in, service up",
+        "down": "drop-in, service down",
+        "trl-again": "trl.GRPOTrainer again (noise floor)",
+    }
+    colours = {"steptally": "tab:blue", "down": "tab:orange", "trl-again": "tab:grey"}
+    for n, (kind, colour) in enumerate(colours.items()):
+        for f, g in zip(runs[kind], runs["trl"], strict=True):
+            ratios = [a / b for a, b in zip(f["step_s"], g["step_s"], strict=True)]
+            xs = [i + 2 + 0.15 * (n - 1) for i in range(len(ratios))]
+            left.scatter(xs, ratios, s=12, color=colour, alpha=0.7)
+        left.scatter([], [], color=colour, label=labels[kind])
+    left.axhline(1.0, color="black", lw=0.8)
+    left.axhline(1.02, color="grey", ls="--", lw=0.8, label="+2 %")
+    left.set_xlabel("optimizer step (each round: the same step of every trainer)")
+    left.set_ylabel("step time ÷ trl.GRPOTrainer's")
     left.set_title(f"GRPO step, hidden {args.hidden} × {args.layers} layers, {args.rounds} rounds")
+    left.legend(fontsize=7)
     for kind, colour in (("steptally", "tab:blue"), ("down", "tab:orange")):
         report_s = sorted(s * 1e3 for f in runs[kind] for s in f["report_s"])
         log_s = sorted(s * 1e3 for f in runs[kind] for s in f["log_s"])
