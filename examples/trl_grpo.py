@@ -54,12 +54,17 @@ def main() -> None:
 def compare(trainer: GRPOTrainer, url: str, run: str) -> None:
     """TRL's logged value (a mean of the microbatch means) beside Steptally's exact one."""
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
-    head = "".join(f"{f'{name}: TRL':>16}{'Steptally':>12}" for _, name in SHOWN)
+    widths = [max(16, len(name) + 7) for _, name in SHOWN]
+    head = "".join(
+        f"{f'{name}: TRL':>{w}}{'Steptally':>12}"
+        for (_, name), w in zip(SHOWN, widths, strict=True)
+    )
     print(f"\n{'step':>4}{head}")
     for step, entry in sorted(logged.items()):
         served = httpx.get(f"{url}/v1/runs/{run}/steps/{step}").json()["metrics"]
         cells = "".join(
-            f"{entry[trl_name]:>16.6f}{served[name]['value']:>12.6f}" for trl_name, name in SHOWN
+            f"{entry[trl_name]:>{w}.6f}{served[name]['value']:>12.6f}"
+            for (trl_name, name), w in zip(SHOWN, widths, strict=True)
         )
         print(f"{step:>4}{cells}")
 

@@ -54,7 +54,11 @@ def main() -> None:
                     viewport={"width": 1440, "height": 1000}, base_url=server.url
                 )
                 page.goto(f"/runs/{RUN}?metrics={METRICS}")
-                settle(page, "body[data-state=ready]")
+                page.wait_for_function(
+                    "() => { const c = [...document.querySelectorAll('.card')];"
+                    " return c.length > 0 && c.every((e) => e.dataset.state === 'ready'); }"
+                )
+                settle(page, "canvas[data-state=ready]")
                 page.screenshot(path=str(args.out / "trl-run.png"))
                 browser.close()
     print(f"saved {args.out / 'trl-run.png'}")
