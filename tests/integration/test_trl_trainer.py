@@ -316,3 +316,23 @@ def test_sampling_diagnostics_when_importance_sampling_is_on(
         _step(service.url, "trl-is", s)["metrics"]["unscored_tokens"]["value"] for s in (1, 2)
     ]
     assert sorted(unscored) == [0.0, 1.0]  # the one NaN, in whichever step it fell
+
+
+def test_the_example_runs_and_prints_both_logs(sqlite_url: str, serve: Callable[..., Any]) -> None:
+    service = serve(sqlite_url)
+    example = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--steps", "2", "--run", "example-run"],
+        env={**os.environ, "STEPTALLY_URL": service.url},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"watch it: {service.url}/runs/example-run" in done.stdout
+    table = done.stdout[done.stdout.index("\nstep") :].strip().splitlines()
+    assert table[0].split()[:3] == ["step", "kl:", "TRL"]
+    assert [row.split()[0] for row in table[1:]] == ["1", "2"]
+    step = _step(service.url, "example-run", 2)
+    assert step["status"] == "complete"
+    assert float(table[2].split()[2]) == pytest.approx(step["metrics"]["kl"]["value"], abs=1e-6)
