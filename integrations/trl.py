@@ -99,16 +99,19 @@ def _run_name(explicit: str | None, args: Any) -> str:
 
 
 class _Commit(TrainerCallback):
-    """Commits each optimizer step on every process, and flushes at the end."""
+    """Commits each optimizer step on every process, and flushes at the end, for as
+    long as the trainer reports."""
 
-    def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
+    def __init__(self, trainer: GRPOTrainer) -> None:
+        self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.reporter.commit(state.global_step)
+        if self.trainer.steptally is not None:
+            self.trainer.steptally.commit(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.reporter.flush(10.0)
+        if self.trainer.steptally is not None:
+            self.trainer.steptally.flush(10.0)
 
 
 class GRPOTrainer(TRLGRPOTrainer):
@@ -142,7 +145,7 @@ class GRPOTrainer(TRLGRPOTrainer):
             world_size=self.accelerator.num_processes,
             token=steptally_token,
         )
-        self.add_callback(_Commit(self.steptally))
+        self.add_callback(_Commit(self))
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -199,5 +202,6 @@ class GRPOTrainer(TRLGRPOTrainer):
             self.steptally.log(self.state.global_step + 1, fragments)
         except Exception:
             log.exception("steptally: reporting stopped; training goes on")
-            self.steptally.close(0.0)
+            # no more log() or commit(); what was logged is still delivered in the
+            # background, and the reporter is closed at exit like any other
             self.steptally = None

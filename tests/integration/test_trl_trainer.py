@@ -336,3 +336,40 @@ def test_the_example_runs_and_prints_both_logs(sqlite_url: str, serve: Callable[
     step = _step(service.url, "example-run", 2)
     assert step["status"] == "complete"
     assert float(table[2].split()[2]) == pytest.approx(step["metrics"]["kl"]["value"], abs=1e-6)
+
+
+def test_a_failure_in_the_reporting_stops_it_and_never_the_training(
+    sqlite_url: str, serve: Callable[..., Any], model_dir: Path, tmp_path: Path, caplog: Any
+) -> None:
+    service = serve(sqlite_url)
+    trainer = _trainer(
+        GRPOTrainer,
+        model_dir,
+        tmp_path / "fail",
+        steptally_url=service.url,
+        steptally_run="trl-fail",
+        config={"max_steps": 3},
+    )
+    real, reporter = trainer.steptally_diagnostics, trainer.steptally
+    calls = []
+
+    class Broken:
+        config = real.config
+
+        def __call__(self, **tensors: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 3:  # the first microbatch of step 2
+                raise RuntimeError("a broken diagnostic")
+            return real(**tensors)
+
+    trainer.steptally_diagnostics = Broken()
+    with caplog.at_level(logging.ERROR, logger="steptally.integrations.trl"):
+        trainer.train()
+    assert trainer.state.global_step == 3 and trainer.steptally is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert said == ["steptally: reporting stopped; training goes on"]
+    assert len(calls) == 3  # nothing tried after the failure
+    assert reporter.flush(30)  # what was logged before it is still delivered
+    assert _step(service.url, "trl-fail", 1)["status"] == "complete"
+    assert _step(service.url, "trl-fail", 2).get("status") != "complete"  # missing, not wrong
+    reporter.close()
