@@ -106,29 +106,30 @@ def _ratio(config: DiagnosticsConfig, curr: Tensor, old: Tensor, s: _Sets) -> Te
     return torch.exp(log_ratio)
 
 
-def _min_max(values: Tensor, where: Tensor) -> tuple[Tensor, Tensor]:
-    low = torch.where(where, values, INF).amin()
-    high = torch.where(where, values, -INF).amax()
-    return low.to(F64), high.to(F64)
+def _min(values: Tensor, where: Tensor) -> Tensor:
+    return torch.where(where, values, INF).amin().to(F64)
+
+
+def _max(values: Tensor, where: Tensor) -> Tensor:
+    return torch.where(where, values, -INF).amax().to(F64)
 
 
 class _Rows:
-    """Per-token and per-sequence rows to sum exactly, counts, and extrema."""
+    """Per-token ``[B, T]`` and per-sequence ``[B]`` rows to sum exactly, the masks to
+    count, and extrema."""
 
     def __init__(self) -> None:
-        self.tokens: dict[str, Tensor] = {}
-        self.seqs: dict[str, Tensor] = {}
+        self.sums: dict[str, Tensor] = {}
         self.counts: dict[str, Tensor] = {}
         self.extrema: dict[str, Tensor] = {}
 
     def add(self, name: str, values: Tensor, where: Tensor) -> None:
-        rows = self.seqs if values.dim() == 1 else self.tokens
-        rows[name] = torch.where(where, values.to(F64), 0.0)
+        self.sums[name] = torch.where(where, values.to(F64), 0.0)
 
     def fragments(self) -> dict[str, Tensor]:
         """One exact pass over every row (a per-sequence row is padded with zeros to the
         per-token length, which changes no sum) and one stacked sum per shape of mask."""
-        rows = {name: row.reshape(-1) for name, row in {**self.tokens, **self.seqs}.items()}
+        rows = {name: row.reshape(-1) for name, row in self.sums.items()}
         width = max((row.numel() for row in rows.values()), default=0)
         padded = {name: F.pad(row, (0, width - row.numel())) for name, row in rows.items()}
         _, parts = exact_sums_and_parts({}, padded)
@@ -148,7 +149,7 @@ def _ratio_signals(
     clamped = ratio.clamp(1.0 - config.epsilon_low, 1.0 + config.high)
     r.add(S.PROBS_RATIO_NUM, ratio, at)
     r.add(S.PROBS_RATIO_CLAMPED_NUM, clamped, at)
-    r.extrema[S.PROBS_RATIO_MIN], r.extrema[S.PROBS_RATIO_MAX] = _min_max(ratio, at)
+    r.extrema[S.PROBS_RATIO_MIN], r.extrema[S.PROBS_RATIO_MAX] = _min(ratio, at), _max(ratio, at)
     if not config.clip:
         return
     capped = ratio if config.ratio_cap is None else ratio.clamp(max=config.ratio_cap)
@@ -165,8 +166,8 @@ def _ratio_signals(
     else:
         kept = s.actor.sum(-1, dtype=F64).clamp(min=1.0)
         per_seq_low, per_seq_high = low.sum(-1, dtype=F64) / kept, high.sum(-1, dtype=F64) / kept
-    r.extrema[S.CLIP_RATIO_LOW_MIN] = _min_max(per_seq_low, s.actor_seq)[0]
-    r.extrema[S.CLIP_RATIO_HIGH_MAX] = _min_max(per_seq_high, s.actor_seq)[1]
+    r.extrema[S.CLIP_RATIO_LOW_MIN] = _min(per_seq_low, s.actor_seq)
+    r.extrema[S.CLIP_RATIO_HIGH_MAX] = _max(per_seq_high, s.actor_seq)
 
 
 def _kl(
@@ -181,14 +182,14 @@ def _kl(
     r.add(S.KL_NUM, kl, s.full)
 
 
-def _sampling(config: DiagnosticsConfig, t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
+def _sampling(t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
     assert t.sampling_logprobs is not None
     sampling = t.sampling_logprobs.detach()
     scored = s.mismatch & ~torch.isnan(sampling)
     diff = torch.where(scored, old - sampling, 0.0).abs()
     r.counts[S.MISMATCH_TOKENS], r.counts[S.SCORED_TOKENS] = s.mismatch, scored
     r.add(S.SAMPLING_LOGP_DIFFERENCE_NUM, diff, scored)
-    r.extrema[S.SAMPLING_LOGP_DIFFERENCE_MAX] = _min_max(diff, scored)[1]
+    r.extrema[S.SAMPLING_LOGP_DIFFERENCE_MAX] = _max(diff, scored)
 
 
 def _importance(config: DiagnosticsConfig, t: PolicyTensors, s: _Sets, r: _Rows) -> None:
@@ -201,9 +202,8 @@ def _importance(config: DiagnosticsConfig, t: PolicyTensors, s: _Sets, r: _Rows)
     else:
         at = s.mismatch
     r.add(S.IMPORTANCE_SAMPLING_RATIO_NUM, value, at)
-    low, high = _min_max(value, at)
-    r.extrema[S.IMPORTANCE_SAMPLING_RATIO_MIN] = low
-    r.extrema[S.IMPORTANCE_SAMPLING_RATIO_MAX] = high
+    r.extrema[S.IMPORTANCE_SAMPLING_RATIO_MIN] = _min(value, at)
+    r.extrema[S.IMPORTANCE_SAMPLING_RATIO_MAX] = _max(value, at)
 
 
 def policy_fragments(config: DiagnosticsConfig, t: PolicyTensors) -> dict[str, Tensor]:
@@ -225,7 +225,7 @@ def policy_fragments(config: DiagnosticsConfig, t: PolicyTensors) -> dict[str, T
         if config.reference:
             _kl(config, t, curr, ratio, s, r)
         if config.sampling:
-            _sampling(config, t, old, s, r)
+            _sampling(t, old, s, r)
         if config.importance_ratio:
             _importance(config, t, s, r)
         found = r.fragments()
