@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from steptally.client.loss.errors import ConfigError
 
+KL_ESTIMATORS: tuple[str, ...] = ("k3", "low_var_kl", "k1", "k2", "abs")
+
 
 @dataclass(frozen=True)
 class DiagnosticsConfig:
@@ -27,6 +29,16 @@ class DiagnosticsConfig:
       importance ratio are passed (``importance_ratio_per_sequence``: it is ``[B, 1]``).
     - ``kl_bias_correction``: the KL term is weighted by the ratio (TRL's
       ``use_bias_correction_kl``).
+    - ``kl_estimator``: how the reference KL is estimated per token from
+      ``d = ref - logp``: ``"k3"`` is ``e^d - d - 1`` (TRL's); ``"low_var_kl"`` is the
+      same with ``d`` clamped to ±20 and the result to ±10 (verl's ``k3``/``low_var_kl``);
+      ``"k1"`` is ``-d``, ``"k2"`` is ``d²/2`` and ``"abs"`` is ``|d|``.
+    - ``log_ratio_clamp``: the log ratio is clamped to ±this before ``exp`` (verl's 20),
+      for the ratio, its clip counts and the approximate KL alike.
+    - ``dual_clip``: the dual-clip bound ``c`` > 1; emits the share of kept tokens with a
+      negative advantage whose loss the bound caps (verl's ``pg_clipfrac_lower``).
+    - ``approx_kl``: emit the mean of ``old - logp`` over the kept tokens (verl's
+      ``ppo_kl``).
     """
 
     epsilon_low: float = 0.2
@@ -40,6 +52,10 @@ class DiagnosticsConfig:
     sampling: bool = False
     importance_ratio: bool = False
     importance_ratio_per_sequence: bool = False
+    kl_estimator: str = "k3"
+    log_ratio_clamp: float | None = None
+    dual_clip: float | None = None
+    approx_kl: bool = False
 
     def __post_init__(self) -> None:
         if not self.epsilon_low >= 0 or not self.high >= 0:
@@ -50,6 +66,14 @@ class DiagnosticsConfig:
             raise ConfigError("kl_bias_correction needs reference=True (the KL it weights)")
         if self.importance_ratio_per_sequence and not self.importance_ratio:
             raise ConfigError("importance_ratio_per_sequence needs importance_ratio=True")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ConfigError(
+                f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, not {self.kl_estimator!r}"
+            )
+        if self.log_ratio_clamp is not None and not self.log_ratio_clamp > 0:
+            raise ConfigError(f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp!r}")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ConfigError(f"dual_clip must be > 1, got {self.dual_clip!r}")
 
     @property
     def high(self) -> float:

@@ -99,11 +99,21 @@ def _sets(t: PolicyTensors, curr: Tensor, old: Tensor) -> _Sets:
 def _ratio(config: DiagnosticsConfig, curr: Tensor, old: Tensor, s: _Sets) -> Tensor:
     """The importance ratio ``[B, T]``, or ``[B, 1]`` at sequence level, in the logprobs'
     dtype (the values the trainer's own ``exp(logp - old)`` gives on kept positions)."""
-    log_ratio = torch.where(s.actor, curr - old, 0.0)
+    log_ratio = _log_ratio(config, curr, old, s)
     if config.sequence_level:
         kept = s.actor.sum(-1, keepdim=True).clamp(min=1)
-        log_ratio = log_ratio.sum(-1, keepdim=True) / kept
+        log_ratio = _clamp(config, log_ratio.sum(-1, keepdim=True) / kept)
     return torch.exp(log_ratio)
+
+
+def _clamp(config: DiagnosticsConfig, log_ratio: Tensor) -> Tensor:
+    bound = config.log_ratio_clamp
+    return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
+
+
+def _log_ratio(config: DiagnosticsConfig, curr: Tensor, old: Tensor, s: _Sets) -> Tensor:
+    """``logp - old`` on the actor set (0 elsewhere), clamped where the config says."""
+    return _clamp(config, torch.where(s.actor, curr - old, 0.0))
 
 
 def _min(values: Tensor, where: Tensor) -> Tensor:
@@ -161,6 +171,9 @@ def _ratio_signals(
     high = (capped > 1.0 + config.high) & (adv > 0) & at
     r.counts[S.CLIPPED_LOW], r.counts[S.CLIPPED_HIGH] = low, high
     r.counts[S.CLIPPED_REGION] = low | high
+    if config.dual_clip is not None:
+        capped_loss = torch.maximum(ratio, clamped) > config.dual_clip
+        r.counts[S.CLIPPED_DUAL] = capped_loss & (adv < 0) & at
     if config.sequence_level:
         per_seq_low, per_seq_high = low.to(F64), high.to(F64)
     else:
@@ -175,11 +188,25 @@ def _kl(
 ) -> None:
     assert t.ref_logprobs is not None
     lp = curr if t.unfiltered_logprobs is None else t.unfiltered_logprobs.detach()
-    diff = t.ref_logprobs.detach() - lp
-    kl = torch.exp(diff) - diff - 1
+    kl = _kl_estimate(config.kl_estimator, t.ref_logprobs.detach() - lp)
     if config.kl_bias_correction:
         kl = kl * ratio
     r.add(S.KL_NUM, kl, s.full)
+
+
+def _kl_estimate(estimator: str, diff: Tensor) -> Tensor:
+    """The per-token KL estimate from ``diff = ref - logp`` (see
+    :class:`~.config.DiagnosticsConfig`'s ``kl_estimator``)."""
+    if estimator == "k1":
+        return -diff
+    if estimator == "k2":
+        return diff.square() * 0.5
+    if estimator == "abs":
+        return diff.abs()
+    if estimator == "low_var_kl":
+        diff = diff.clamp(-20.0, 20.0)
+        return (torch.exp(diff) - diff - 1).clamp(-10.0, 10.0)
+    return torch.exp(diff) - diff - 1
 
 
 def _sampling(t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
@@ -220,6 +247,8 @@ def policy_fragments(config: DiagnosticsConfig, t: PolicyTensors) -> dict[str, T
         r.counts[S.FILTERED_OLD_TOKENS] = s.full & (old == -INF)
         ratio = _ratio(config, curr, old, s)
         _ratio_signals(config, t, ratio, s, r)
+        if config.approx_kl:
+            r.add(S.APPROX_KL_NUM, -_log_ratio(config, curr, old, s), s.actor)
         if t.entropies is not None:
             r.add(S.ENTROPY_NUM, t.entropies.detach(), s.actor)
         if config.reference:

@@ -27,11 +27,13 @@ class Signal(StrEnum):
     CLIPPED_LOW = "clipped_low"  # actor ∧ ratio < 1 - ε_low ∧ A < 0
     CLIPPED_HIGH = "clipped_high"  # actor ∧ ratio > 1 + ε_high ∧ A > 0
     CLIPPED_REGION = "clipped_region"  # either
+    CLIPPED_DUAL = "clipped_dual"  # actor ∧ A < 0 ∧ max(ratio, clamped) > c
     # additive numerators
     PROBS_RATIO_NUM = "probs_ratio_num"
     PROBS_RATIO_CLAMPED_NUM = "probs_ratio_clamped_num"
     ENTROPY_NUM = "entropy_num"
     KL_NUM = "kl_num"
+    APPROX_KL_NUM = "approx_kl_num"  # Σ old - logp over the actor set
     SAMPLING_LOGP_DIFFERENCE_NUM = "sampling_logp_difference_num"
     IMPORTANCE_SAMPLING_RATIO_NUM = "importance_sampling_ratio_num"
     # extrema, each guarded by the count of the set it ranges over
@@ -54,6 +56,8 @@ class Metric(StrEnum):
     CLIP_RATIO_LOW_MEAN = "clip_ratio_low_mean"
     CLIP_RATIO_HIGH_MEAN = "clip_ratio_high_mean"
     CLIP_RATIO_REGION_MEAN = "clip_ratio_region_mean"
+    CLIP_RATIO_DUAL_MEAN = "clip_ratio_dual_mean"
+    APPROX_KL = "approx_kl"
     SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference_mean"
     IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio_mean"
     UNSCORED_TOKENS = "unscored_tokens"  # mismatch ∧ a NaN sampling logprob

@@ -61,6 +61,10 @@ def signal_kinds(config: DiagnosticsConfig) -> dict[str, str]:
     kinds = dict(ALWAYS)
     if config.clip:
         kinds.update(CLIP)
+    if config.clip and config.dual_clip is not None:
+        kinds[S.CLIPPED_DUAL] = "count"
+    if config.approx_kl:
+        kinds[S.APPROX_KL_NUM] = "sum"
     if config.entropy:
         kinds[S.ENTROPY_NUM] = "sum"
     if config.reference:
@@ -102,6 +106,8 @@ def derived_expressions(config: DiagnosticsConfig) -> dict[str, str]:
         M.CLIP_RATIO_LOW_MEAN: f"{S.CLIPPED_LOW} / {per}",
         M.CLIP_RATIO_HIGH_MEAN: f"{S.CLIPPED_HIGH} / {per}",
         M.CLIP_RATIO_REGION_MEAN: f"{S.CLIPPED_REGION} / {per}",
+        M.CLIP_RATIO_DUAL_MEAN: f"{S.CLIPPED_DUAL} / {per}",
+        M.APPROX_KL: f"{S.APPROX_KL_NUM} / {S.ACTOR_TOKENS}",
         M.ENTROPY: f"{S.ENTROPY_NUM} / {S.ACTOR_TOKENS}",
         M.KL: f"{S.KL_NUM} / {S.COMPLETION_TOKENS}",
         M.SAMPLING_LOGP_DIFFERENCE_MEAN: f"{S.SAMPLING_LOGP_DIFFERENCE_NUM} / {S.SCORED_TOKENS}",
@@ -114,6 +120,8 @@ def derived_expressions(config: DiagnosticsConfig) -> dict[str, str]:
         M.CLIP_RATIO_LOW_MEAN: S.CLIPPED_LOW,
         M.CLIP_RATIO_HIGH_MEAN: S.CLIPPED_HIGH,
         M.CLIP_RATIO_REGION_MEAN: S.CLIPPED_REGION,
+        M.CLIP_RATIO_DUAL_MEAN: S.CLIPPED_DUAL,
+        M.APPROX_KL: S.APPROX_KL_NUM,
         M.ENTROPY: S.ENTROPY_NUM,
         M.KL: S.KL_NUM,
         M.SAMPLING_LOGP_DIFFERENCE_MEAN: S.SAMPLING_LOGP_DIFFERENCE_NUM,

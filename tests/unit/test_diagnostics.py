@@ -8,6 +8,7 @@ gradient against a run without diagnostics.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from fractions import Fraction
@@ -23,6 +24,7 @@ from steptally.client.diagnostics import (  # noqa: E402
     PolicyDiagnostics,
     Signal,
 )
+from steptally.client.diagnostics.spec import signal_kinds  # noqa: E402
 from steptally.client.loss import InputError, fragments_to_host  # noqa: E402
 from steptally.client.loss.errors import ConfigError  # noqa: E402
 
@@ -218,3 +220,72 @@ def test_aliases_name_the_same_values() -> None:
     diag = PolicyDiagnostics(FULL, aliases={"pg_clipfrac": "clip_ratio_region_mean"})
     step = _step(diag, [_batch(0)])
     assert step["pg_clipfrac"] == step[M.CLIP_RATIO_REGION_MEAN]
+
+
+def _verl_batch(seed: int) -> dict[str, torch.Tensor]:
+    """A batch with log ratios past ±20 and ratios past the dual-clip bound."""
+    batch = _batch(seed)
+    old = batch["old_logprobs"].clone()
+    old[3, 0] = batch["logprobs"][3, 0] - 25.0  # log ratio +25: clamped to 20
+    old[4, 0] = batch["logprobs"][4, 0] + 30.0  # log ratio -30: clamped to -20
+    old[:, 1] = batch["logprobs"][:, 1] - 1.5  # ratio e^1.5 > 3 in every row
+    return {**batch, "old_logprobs": old}
+
+
+def _verl_kl(estimator: str, d: torch.Tensor) -> torch.Tensor:
+    """The estimators as written out per token from ``d = ref - logp``."""
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "abs":
+        return d.abs()
+    e = torch.exp(d.clamp(-20, 20)) - d.clamp(-20, 20) - 1
+    return e.clamp(-10, 10) if estimator == "low_var_kl" else torch.exp(d) - d - 1
+
+
+@pytest.mark.parametrize("estimator", ["k3", "low_var_kl", "k1", "k2", "abs"])
+def test_the_clamped_log_ratio_dual_clip_and_kl_estimators(estimator: str) -> None:
+    config = DiagnosticsConfig(
+        epsilon_low=0.2,
+        reference=True,
+        kl_estimator=estimator,
+        log_ratio_clamp=20.0,
+        dual_clip=3.0,
+        approx_kl=True,
+    )
+    diag = PolicyDiagnostics(config, aliases={"ppo_kl": "approx_kl"})
+    batch = {k: v for k, v in _verl_batch(1).items() if k not in ("sampling_logprobs",)}
+    del batch["importance_ratio"]
+    whole = _step(diag, [batch])
+    assert whole == _step(diag, [_rows(batch, [r]) for r in range(6)])  # any split
+    full = batch["mask"] != 0
+    actor = full & (batch["logprobs"] != -INF) & (batch["old_logprobs"] != -INF)
+    log_ratio = (batch["logprobs"] - batch["old_logprobs"]).clamp(-20, 20)
+    ratio = torch.exp(log_ratio)
+    adv = batch["advantages"][:, None].expand_as(ratio)
+    dual = (torch.maximum(ratio, ratio.clamp(0.8, 1.2)) > 3.0) & (adv < 0)
+    kl = _verl_kl(estimator, batch["ref_logprobs"] - batch["unfiltered_logprobs"])
+    assert whole[S.PROBS_RATIO_MAX] == torch.exp(torch.tensor(20.0)).item() == ratio[actor].max()
+    assert whole[S.PROBS_RATIO_MIN] == ratio[actor].min().item()
+    assert whole[M.PROBS_RATIO] == _mean(ratio[actor].double().tolist())
+    assert whole[M.CLIP_RATIO_DUAL_MEAN] == _mean(dual[actor].double().tolist()) > 0
+    assert whole["ppo_kl"] == whole[M.APPROX_KL] == _mean((-log_ratio)[actor].double().tolist())
+    assert whole[M.KL] == _mean(kl[full].double().tolist())
+    unclamped = dataclasses.replace(config, log_ratio_clamp=None)
+    assert _step(PolicyDiagnostics(unclamped), [batch])[S.PROBS_RATIO_MAX] > math.exp(24)
+
+
+def test_the_new_options_are_declared_by_the_config_alone() -> None:
+    plain = signal_kinds(DiagnosticsConfig())
+    assert S.CLIPPED_DUAL not in plain and S.APPROX_KL_NUM not in plain
+    kinds = signal_kinds(DiagnosticsConfig(dual_clip=3.0, approx_kl=True))
+    assert kinds[S.CLIPPED_DUAL] == "count" and kinds[S.APPROX_KL_NUM] == "sum"
+    assert S.CLIPPED_DUAL not in signal_kinds(DiagnosticsConfig(clip=False, dual_clip=3.0))
+    for bad, match in (
+        ({"kl_estimator": "k4"}, "kl_estimator must be one of"),
+        ({"log_ratio_clamp": 0.0}, "log_ratio_clamp must be > 0"),
+        ({"dual_clip": 1.0}, "dual_clip must be > 1"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            DiagnosticsConfig(**bad)  # type: ignore[arg-type]
