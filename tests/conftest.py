@@ -7,6 +7,7 @@ create a database of their own from it and drop it at the end.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import warnings
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import pytest
 from support.served import ServedService
+
+# the verl plugin's tests need verl, which has a venv of its own (`make test-verl`)
+collect_ignore = ["verl"] if importlib.util.find_spec("verl") is None else []
 
 # starlette warns once, when first imported, that it prefers the httpx2 package; httpx
 # works, so import it here quietly and every later import finds it loaded
