@@ -12,6 +12,7 @@ the exact ones, which NeMo-RL's sum of shares is not where tokens are filtered.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
@@ -20,6 +21,8 @@ import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from nemo_rl_grpo_loss import nemo_data  # noqa: E402
 
 from steptally.client.algebra import combine  # noqa: E402
 from steptally.client.loss import (  # noqa: E402
@@ -81,25 +84,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _shifted(t: torch.Tensor) -> torch.Tensor:
-    """A ``[B, T]`` tensor as NeMo-RL holds it: ``[B, T+1]``, cut by ``[:, 1:]``."""
-    return torch.cat([torch.full_like(t[:, :1], 7.0), t.detach()], dim=1)
-
-
-def _nemo_data(mb: LossInputs) -> dict[str, torch.Tensor]:
-    assert mb.reference_logprobs is not None and mb.rewards is not None
-    return {
-        "token_mask": _shifted(mb.token_mask.float()),
-        "sample_mask": mb.sample_mask,
-        "advantages": _shifted(mb.advantages),
-        "prev_logprobs": _shifted(mb.prev_logprobs),
-        "generation_logprobs": _shifted(mb.generation_logprobs),
-        "reference_policy_logprobs": _shifted(mb.reference_logprobs),
-        "curr_logprobs_unfiltered": mb.curr_logprobs_unfiltered,  # aligned already
-        "rewards": mb.rewards,
-    }
-
-
 def _microbatches(seed: int) -> list[LossInputs]:
     """One step's microbatches over two ranks, uneven, with the step's normalisers."""
     return [mb for rank in synthetic_step(seed, (3, 2)) for mb in rank]
@@ -124,7 +108,7 @@ def test_loss_gradient_and_metrics_equal_clipped_pg_loss_on_the_same_data(name: 
     reference = ClippedPGLoss(config)
     for mb in _microbatches(3):
         toks, seqs = mb.global_valid_tokens, mb.global_valid_seqs
-        loss, metrics = adapter(mb.curr_logprobs, _nemo_data(mb), seqs, toks)
+        loss, metrics = adapter(mb.curr_logprobs, nemo_data(mb), seqs, toks)
         own = dataclasses.replace(mb, global_correct_tokens=_local_correct(mb))
         expected, fragments = reference(own)
         assert torch.equal(loss, expected)
@@ -213,7 +197,7 @@ def test_each_train_step_is_committed_with_its_exact_values(
         logger.log_metrics({"reward": 0.5}, step, prefix="train")
         microbatches = _microbatches(seed)
         for mb in microbatches:
-            data = _nemo_data(mb)
+            data = nemo_data(mb)
             _, metrics = loss_fn(
                 mb.curr_logprobs, data, mb.global_valid_seqs, mb.global_valid_tokens
             )
@@ -244,7 +228,7 @@ def test_without_the_logger_commit_a_step_is_committed_when_the_next_begins(
     for step in (1, 2):
         loss_fn.steptally_step = step
         for mb in _microbatches(step):
-            loss_fn(mb.curr_logprobs, _nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
+            loss_fn(mb.curr_logprobs, nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
     _flush()
     assert _served(service.url, "nemo-deferred", 1)["status"] == "complete"
     assert _served(service.url, "nemo-deferred", 2)["status"] != "complete"
@@ -258,7 +242,7 @@ def test_no_url_reports_nothing_and_no_step_says_so_once(
 ) -> None:
     monkeypatch.delenv("STEPTALLY_URL", raising=False)
     mb = _microbatches(1)[0]
-    args = (mb.curr_logprobs, _nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
+    args = (mb.curr_logprobs, nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
     SteptallyClippedPGLossFn({})(*args)
     assert nemo_rl._REPORTERS == {}
     unstepped = SteptallyClippedPGLossFn({}, url="http://127.0.0.1:9")
@@ -281,7 +265,34 @@ def test_the_loss_function_pickles_without_its_reporter(
     loss_fn = SteptallyClippedPGLossFn({}, url=service.url, run="nemo-pickle")
     loss_fn.steptally_step = 4
     mb = _microbatches(2)[0]
-    loss_fn(mb.curr_logprobs, _nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
+    loss_fn(mb.curr_logprobs, nemo_data(mb), mb.global_valid_seqs, mb.global_valid_tokens)
     copy = pickle.loads(pickle.dumps(loss_fn))
     assert copy.steptally_step == 4 and copy.url == service.url
     assert isinstance(copy.config, ClippedPGConfig)
+
+
+def test_the_example_reports_every_step_and_prints_both_readings(
+    serve: Callable[..., Any], sqlite_url: str
+) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    service = serve(sqlite_url)
+    example = Path(__file__).parents[2] / "examples" / "nemo_rl_grpo_loss.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--steps", "3", "--run", "nemo-example"],
+        env={**os.environ, "STEPTALLY_URL": service.url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 3]
+    for step, row in zip((1, 2, 3), rows, strict=True):
+        served = _served(service.url, "nemo-example", step)
+        assert served["status"] == "complete"
+        exact = served["metrics"]["probs_ratio"]["value"]
+        assert float(row[2]) == round(exact, 6)
+        assert float(row[1]) != float(row[2])  # NeMo-RL's reading is not the exact one

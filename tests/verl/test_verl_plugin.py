@@ -26,7 +26,6 @@ import pytest
 torch = pytest.importorskip("torch")
 verl = pytest.importorskip("verl")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 from support.verl_batches import (  # noqa: E402
     LossWorker,
     TinyPolicy,
@@ -41,27 +40,11 @@ from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.utils.metric.utils import Metric  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
+from verl_ppo_steps import verl_config as _config  # noqa: E402
 
 from steptally.integrations import verl as plugin  # noqa: E402
 
 F32 = torch.float32
-
-
-def _config(*overrides: str) -> Any:
-    where = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=where, version_base=None):
-        return compose(
-            config_name="ppo_trainer",
-            overrides=[
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-                "actor_rollout_ref.rollout.n=1",
-                "actor_rollout_ref.actor.calculate_entropy=True",
-                "actor_rollout_ref.actor.clip_ratio_high=0.28",
-                "actor_rollout_ref.actor.use_kl_loss=True",
-                "actor_rollout_ref.rollout.calculate_log_probs=True",
-                *overrides,
-            ],
-        )
 
 
 def _exact_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -270,7 +253,8 @@ def test_the_driver_commits_the_step_in_each_ray_worker(
     loss = plugin.SteptallyPPOLoss(partial(ppo_loss, config=actor_config), settings)
 
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])
+    examples = os.path.join(os.path.dirname(tests), "examples")
+    path = os.pathsep.join([tests, examples, os.environ.get("PYTHONPATH", "")])
     ray.init(
         num_cpus=1,
         include_dashboard=False,
@@ -289,3 +273,32 @@ def test_the_driver_commits_the_step_in_each_ray_worker(
     step = httpx.get(f"{service.url}/v1/runs/verl-ray/steps/1").json()
     assert step["status"] == "complete"
     assert step["fragments"]["received"] == 3
+
+
+def test_the_example_reports_every_step_and_prints_both_readings(service: Any) -> None:
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "STEPTALLY_URL": service.url}
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "examples", "verl_ppo_steps.py"),
+            "--steps",
+            "3",
+            "--run",
+            "verl-example",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 3]
+    for step in (1, 2, 3):
+        served = httpx.get(f"{service.url}/v1/runs/verl-example/steps/{step}").json()
+        assert served["status"] == "complete"
+        assert float(rows[step - 1][2]) == round(served["metrics"]["pg_clipfrac"]["value"], 6)
