@@ -318,10 +318,14 @@ def _register() -> None:
                 return super()._update_actor(batch, metrics)
             batch.extra_info[STEP_KEY] = self.global_steps
             try:
-                return super()._update_actor(batch, metrics)
+                updated = super()._update_actor(batch, metrics)
             finally:
                 batch.extra_info.pop(STEP_KEY, None)
+            try:
                 commit_workers(self.actor_rollout_wg, self.global_steps)
+            except Exception:
+                log.exception("steptally: the commit of step %s failed", self.global_steps)
+            return updated
 
 
 try:  # verl imports this module as a plugin; without verl it is a plain library

@@ -302,3 +302,53 @@ def test_the_example_reports_every_step_and_prints_both_readings(service: Any) -
         served = httpx.get(f"{service.url}/v1/runs/verl-example/steps/{step}").json()
         assert served["status"] == "complete"
         assert float(rows[step - 1][2]) == round(served["metrics"]["pg_clipfrac"]["value"], 6)
+
+
+class _FakeActorGroup:
+    """The actor worker group as the trainer drives it: ``set_loss_fn`` and
+    ``update_actor`` (whose batch carries the step), with no worker to commit in."""
+
+    def __init__(self) -> None:
+        self.loss_fn: Any = None
+        self.steps_seen: list[Any] = []
+        self.workers: list[Any] = []
+
+    def set_loss_fn(self, loss_fn: Any) -> None:
+        self.loss_fn = loss_fn
+
+    def update_actor(self, batch: Any) -> dict[str, Any]:
+        self.steps_seen.append(batch.extra_info.get(plugin.STEP_KEY))
+        return {"metrics": {"mfu": [0.5], "pg_loss": [1.0, 3.0]}}
+
+
+def test_the_trainer_runs_as_sync_sends_the_loss_and_marks_each_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STEPTALLY_URL", "http://127.0.0.1:9")
+    config = _config("trainer.use_v1=True", "trainer.v1.trainer_mode=steptally")
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
+    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer).__name__ == "ReplayBuffer"
+    group = _FakeActorGroup()
+    trainer.actor_rollout_wg = group
+    trainer.checkpoint_manager = type("Checkpoints", (), {"update_weights": lambda self, s: None})()
+    trainer.global_steps = 0  # as after loading a checkpoint
+    trainer.on_init_end()
+    assert isinstance(group.loss_fn, plugin.SteptallyPPOLoss)
+    assert group.loss_fn.loss_fn.func is ppo_loss
+    assert group.loss_fn.loss_fn.keywords["config"].clip_ratio_high == 0.28
+    batch = type("Batch", (), {"extra_info": {}})()
+    metrics: dict[str, Any] = {}
+    trainer.global_steps = 4
+    trainer._update_actor(batch, metrics)
+    assert group.steps_seen == [4] and plugin.STEP_KEY not in batch.extra_info
+    assert metrics["actor/pg_loss"] == 2.0  # verl's own reduction, untouched
+
+    monkeypatch.delenv("STEPTALLY_URL")
+    plain = get_trainer_cls("steptally")(_config("trainer.use_v1=True"))
+    group = _FakeActorGroup()
+    plain.actor_rollout_wg = group
+    plain.checkpoint_manager = trainer.checkpoint_manager
+    plain.global_steps = 1
+    plain.on_init_end()
+    plain._update_actor(batch, {})
+    assert group.loss_fn is None and group.steps_seen == [None]
