@@ -44,10 +44,12 @@ from steptally.client.reporter import Reporter
 
 __all__ = [
     "ALIASES",
+    "ROLLOUT_ALIASES",
     "STEP_KEY",
     "TESTED_RANGE",
     "Settings",
     "SteptallyPPOLoss",
+    "aliases",
     "commit_in_process",
     "commit_workers",
     "diagnostics_config",
@@ -63,6 +65,12 @@ ALIASES: dict[str, str] = {
     "pg_clipfrac": "clip_ratio_region_mean",
     "ppo_kl": "approx_kl",
     "pg_clipfrac_lower": "clip_ratio_dual_mean",
+}
+#: verl's rollout mismatch (its ``training/rollout_probs_diff_*``, in probability), when
+#: the rollout computes its log-probs
+ROLLOUT_ALIASES: dict[str, str] = {
+    "rollout_probs_diff_mean": "sampling_prob_difference_mean",
+    "rollout_probs_diff_max": "sampling_prob_difference_max",
 }
 #: the non-tensor key of the worker data that carries the step under way
 STEP_KEY = "steptally_step"
@@ -112,7 +120,13 @@ def diagnostics_config(actor: Any, *, rollout_log_probs: bool = False) -> Diagno
         reference=use_kl,
         kl_estimator=KL_TYPES.get(kl_type, "low_var_kl"),
         sampling=rollout_log_probs,
+        sampling_probs=rollout_log_probs,
     )
+
+
+def aliases(config: DiagnosticsConfig) -> dict[str, str]:
+    """verl's names for the diagnostics ``config`` emits."""
+    return {**ALIASES, **(ROLLOUT_ALIASES if config.sampling_probs else {})}
 
 
 @dataclass(frozen=True)
@@ -170,7 +184,7 @@ class SteptallyPPOLoss:
     def __init__(self, loss_fn: Callable[..., Any], settings: Settings) -> None:
         self.loss_fn = loss_fn
         self.settings = settings
-        self.diagnostics = PolicyDiagnostics(settings.config, aliases=ALIASES)
+        self.diagnostics = PolicyDiagnostics(settings.config, aliases=aliases(settings.config))
         self.reporter: Reporter | None = None
         self.off = False
         _LIVE.add(self)

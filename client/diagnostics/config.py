@@ -39,6 +39,8 @@ class DiagnosticsConfig:
       negative advantage whose loss the bound caps (verl's ``pg_clipfrac_lower``).
     - ``approx_kl``: emit the mean of ``old - logp`` over the kept tokens (verl's
       ``ppo_kl``).
+    - ``sampling_probs`` (with ``sampling``): also the sampling mismatch in probability,
+      ``|e^old - e^sampling|`` (verl's ``rollout_probs_diff``).
     """
 
     epsilon_low: float = 0.2
@@ -56,6 +58,7 @@ class DiagnosticsConfig:
     log_ratio_clamp: float | None = None
     dual_clip: float | None = None
     approx_kl: bool = False
+    sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         if not self.epsilon_low >= 0 or not self.high >= 0:
@@ -66,6 +69,8 @@ class DiagnosticsConfig:
             raise ConfigError("kl_bias_correction needs reference=True (the KL it weights)")
         if self.importance_ratio_per_sequence and not self.importance_ratio:
             raise ConfigError("importance_ratio_per_sequence needs importance_ratio=True")
+        if self.sampling_probs and not self.sampling:
+            raise ConfigError("sampling_probs needs sampling=True (the logprobs it compares)")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ConfigError(
                 f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, not {self.kl_estimator!r}"

@@ -209,7 +209,7 @@ def _kl_estimate(estimator: str, diff: Tensor) -> Tensor:
     return torch.exp(diff) - diff - 1
 
 
-def _sampling(t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
+def _sampling(config: DiagnosticsConfig, t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
     assert t.sampling_logprobs is not None
     sampling = t.sampling_logprobs.detach()
     scored = s.mismatch & ~torch.isnan(sampling)
@@ -217,6 +217,10 @@ def _sampling(t: PolicyTensors, old: Tensor, s: _Sets, r: _Rows) -> None:
     r.counts[S.MISMATCH_TOKENS], r.counts[S.SCORED_TOKENS] = s.mismatch, scored
     r.add(S.SAMPLING_LOGP_DIFFERENCE_NUM, diff, scored)
     r.extrema[S.SAMPLING_LOGP_DIFFERENCE_MAX] = _max(diff, scored)
+    if config.sampling_probs:
+        probs = torch.where(scored, torch.exp(old) - torch.exp(sampling), 0.0).abs()
+        r.add(S.SAMPLING_PROB_DIFFERENCE_NUM, probs, scored)
+        r.extrema[S.SAMPLING_PROB_DIFFERENCE_MAX] = _max(probs, scored)
 
 
 def _importance(config: DiagnosticsConfig, t: PolicyTensors, s: _Sets, r: _Rows) -> None:
@@ -254,7 +258,7 @@ def policy_fragments(config: DiagnosticsConfig, t: PolicyTensors) -> dict[str, T
         if config.reference:
             _kl(config, t, curr, ratio, s, r)
         if config.sampling:
-            _sampling(t, old, s, r)
+            _sampling(config, t, old, s, r)
         if config.importance_ratio:
             _importance(config, t, s, r)
         found = r.fragments()

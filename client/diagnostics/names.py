@@ -35,6 +35,7 @@ class Signal(StrEnum):
     KL_NUM = "kl_num"
     APPROX_KL_NUM = "approx_kl_num"  # Σ old - logp over the actor set
     SAMPLING_LOGP_DIFFERENCE_NUM = "sampling_logp_difference_num"
+    SAMPLING_PROB_DIFFERENCE_NUM = "sampling_prob_difference_num"  # Σ |e^old - e^sampling|
     IMPORTANCE_SAMPLING_RATIO_NUM = "importance_sampling_ratio_num"
     # extrema, each guarded by the count of the set it ranges over
     PROBS_RATIO_MIN = "probs_ratio_min"
@@ -42,6 +43,7 @@ class Signal(StrEnum):
     CLIP_RATIO_LOW_MIN = "clip_ratio_low_min"
     CLIP_RATIO_HIGH_MAX = "clip_ratio_high_max"
     SAMPLING_LOGP_DIFFERENCE_MAX = "sampling_logp_difference_max"
+    SAMPLING_PROB_DIFFERENCE_MAX = "sampling_prob_difference_max"
     IMPORTANCE_SAMPLING_RATIO_MIN = "importance_sampling_ratio_min"
     IMPORTANCE_SAMPLING_RATIO_MAX = "importance_sampling_ratio_max"
 
@@ -59,6 +61,7 @@ class Metric(StrEnum):
     CLIP_RATIO_DUAL_MEAN = "clip_ratio_dual_mean"
     APPROX_KL = "approx_kl"
     SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling_logp_difference_mean"
+    SAMPLING_PROB_DIFFERENCE_MEAN = "sampling_prob_difference_mean"
     IMPORTANCE_SAMPLING_RATIO_MEAN = "importance_sampling_ratio_mean"
     UNSCORED_TOKENS = "unscored_tokens"  # mismatch ∧ a NaN sampling logprob
     FILTERED_TOKEN_SHARE = "filtered_token_share"  # completion tokens the actor side drops

@@ -71,6 +71,9 @@ def signal_kinds(config: DiagnosticsConfig) -> dict[str, str]:
         kinds[S.KL_NUM] = "sum"
     if config.sampling:
         kinds.update(SAMPLING)
+    if config.sampling_probs:
+        kinds[S.SAMPLING_PROB_DIFFERENCE_NUM] = "sum"
+        kinds[S.SAMPLING_PROB_DIFFERENCE_MAX] = "max"
     if config.importance_ratio:
         kinds.update(IMPORTANCE)
         if config.importance_ratio_per_sequence:
@@ -86,6 +89,7 @@ def guards(config: DiagnosticsConfig) -> dict[str, str]:
         S.CLIP_RATIO_LOW_MIN: S.ACTOR_SEQS,
         S.CLIP_RATIO_HIGH_MAX: S.ACTOR_SEQS,
         S.SAMPLING_LOGP_DIFFERENCE_MAX: S.SCORED_TOKENS,
+        S.SAMPLING_PROB_DIFFERENCE_MAX: S.SCORED_TOKENS,
         S.IMPORTANCE_SAMPLING_RATIO_MIN: importance_count(config),
         S.IMPORTANCE_SAMPLING_RATIO_MAX: importance_count(config),
     }
@@ -111,6 +115,7 @@ def derived_expressions(config: DiagnosticsConfig) -> dict[str, str]:
         M.ENTROPY: f"{S.ENTROPY_NUM} / {S.ACTOR_TOKENS}",
         M.KL: f"{S.KL_NUM} / {S.COMPLETION_TOKENS}",
         M.SAMPLING_LOGP_DIFFERENCE_MEAN: f"{S.SAMPLING_LOGP_DIFFERENCE_NUM} / {S.SCORED_TOKENS}",
+        M.SAMPLING_PROB_DIFFERENCE_MEAN: f"{S.SAMPLING_PROB_DIFFERENCE_NUM} / {S.SCORED_TOKENS}",
         M.UNSCORED_TOKENS: f"{S.MISMATCH_TOKENS} - {S.SCORED_TOKENS}",
         M.IMPORTANCE_SAMPLING_RATIO_MEAN: (
             f"{S.IMPORTANCE_SAMPLING_RATIO_NUM} / {importance_count(config)}"
@@ -125,6 +130,7 @@ def derived_expressions(config: DiagnosticsConfig) -> dict[str, str]:
         M.ENTROPY: S.ENTROPY_NUM,
         M.KL: S.KL_NUM,
         M.SAMPLING_LOGP_DIFFERENCE_MEAN: S.SAMPLING_LOGP_DIFFERENCE_NUM,
+        M.SAMPLING_PROB_DIFFERENCE_MEAN: S.SAMPLING_PROB_DIFFERENCE_NUM,
         M.UNSCORED_TOKENS: S.SCORED_TOKENS,
         M.IMPORTANCE_SAMPLING_RATIO_MEAN: S.IMPORTANCE_SAMPLING_RATIO_NUM,
     }

@@ -289,3 +289,22 @@ def test_the_new_options_are_declared_by_the_config_alone() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             DiagnosticsConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_the_sampling_mismatch_in_probability() -> None:
+    config = DiagnosticsConfig(sampling=True, sampling_probs=True)
+    diag = PolicyDiagnostics(config)
+    batch = {k: _batch(2)[k] for k in ("logprobs", "mask", "advantages", "old_logprobs")}
+    batch |= {
+        "sampling_logprobs": _batch(2)["sampling_logprobs"],
+        "entropies": _batch(2)["entropies"],
+    }
+    whole = _step(diag, [batch])
+    assert whole == _step(diag, [_rows(batch, [r]) for r in range(6)])
+    full, old = batch["mask"] != 0, batch["old_logprobs"]
+    scored = full & (old != -INF) & ~torch.isnan(batch["sampling_logprobs"])
+    probs = (torch.exp(old) - torch.exp(batch["sampling_logprobs"])).abs()
+    assert whole[M.SAMPLING_PROB_DIFFERENCE_MEAN] == _mean(probs[scored].double().tolist())
+    assert whole[S.SAMPLING_PROB_DIFFERENCE_MAX] == probs[scored].max().item()
+    with pytest.raises(ConfigError, match="sampling_probs needs sampling"):
+        DiagnosticsConfig(sampling_probs=True)

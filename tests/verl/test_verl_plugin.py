@@ -32,11 +32,13 @@ from support.verl_batches import (  # noqa: E402
     micro_batches,
     step_data,
 )
+from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import kl_penalty  # noqa: E402
 from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.utils.debug.metrics import calculate_debug_metrics  # noqa: E402
 from verl.utils.metric.utils import Metric  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
@@ -80,6 +82,10 @@ def _reference(data: Any, model: TinyPolicy, actor: Any) -> dict[str, float]:
         "probs_ratio": _exact_mean(ratio, mask),
         "sampling_logp_difference_mean": _exact_mean(
             (padded["old_log_probs"] - padded["rollout_log_probs"]).abs(), mask
+        ),
+        "rollout_probs_diff_mean": _exact_mean(
+            torch.abs(torch.exp(padded["old_log_probs"]) - torch.exp(padded["rollout_log_probs"])),
+            mask,
         ),
         "completion_tokens": float(mask.sum()),
     }
@@ -163,6 +169,11 @@ def test_verl_ppo_loss_reports_the_exact_step_while_verl_reads_a_mean_of_means(
     assert {name: served[name] for name in reference} == reference  # bit-exact
     assert reference["pg_clipfrac"] > 0 and reference["pg_clipfrac_lower"] > 0
     assert served["probs_ratio_max"] == torch.exp(torch.tensor(20.0)).item()
+    # verl's own rollout mismatch, one float32 pass over the whole batch on the driver
+    padded = data.select("response_mask", "old_log_probs", "rollout_log_probs", "responses")
+    debug = calculate_debug_metrics(DataProto(batch=padded.to_padded_tensor()))
+    for name in ("rollout_probs_diff_mean", "rollout_probs_diff_max"):
+        assert served[name] == pytest.approx(float(debug[f"training/{name}"]), rel=1e-5)
     for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
         verl_reading = Metric.aggregate_dp([verl_metrics[f"actor/{name}"]])
         assert verl_reading != served[name], name  # verl's mean of micro-batch means
