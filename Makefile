@@ -31,7 +31,7 @@ verl-venv: $(VERL_STAMP)
 
 ## test-verl: the verl plugin against verl itself (its own venv)
 test-verl: $(VERL_STAMP) services
-	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider tests/verl
+	$(VERL_VENV)/bin/python -m pytest -p no:cacheprovider tests/verl_plugin
 
 ## run: the service on its embedded default (SQLite, in-process state) and a demo run
 run: $(STAMP)

@@ -18,7 +18,7 @@ import pytest
 from support.served import ServedService
 
 # the verl plugin's tests need verl, which has a venv of its own (`make test-verl`)
-collect_ignore = ["verl"] if importlib.util.find_spec("verl") is None else []
+collect_ignore = ["verl_plugin"] if importlib.util.find_spec("verl") is None else []
 
 # starlette warns once, when first imported, that it prefers the httpx2 package; httpx
 # works, so import it here quietly and every later import finds it loaded
