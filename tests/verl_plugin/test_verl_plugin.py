@@ -91,6 +91,16 @@ def _reference(data: Any, model: TinyPolicy, actor: Any) -> dict[str, float]:
     }
 
 
+def _wrapped(monkeypatch: pytest.MonkeyPatch, url: str) -> plugin.SteptallyPPOLoss:
+    """verl's ppo_loss under the default test config, wrapped as the trainer wraps it."""
+    monkeypatch.setenv("STEPTALLY_URL", url)
+    config = _config()
+    settings = plugin.settings_from(config)
+    assert settings is not None
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    return plugin.SteptallyPPOLoss(partial(ppo_loss, config=actor), settings)
+
+
 def test_the_entry_point_registers_the_steptally_trainer() -> None:
     (found,) = [e for e in entry_points(group="verl.plugins") if e.name == "steptally"]
     assert found.value == "steptally.integrations.verl"
@@ -183,12 +193,7 @@ def test_verl_ppo_loss_reports_the_exact_step_while_verl_reads_a_mean_of_means(
 def test_forwards_outside_the_actor_update_are_not_reported(
     service: Any, monkeypatch: pytest.MonkeyPatch, losses: list[plugin.SteptallyPPOLoss]
 ) -> None:
-    config = _config()
-    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-    monkeypatch.setenv("STEPTALLY_URL", service.url)
-    settings = plugin.settings_from(config)
-    assert settings is not None
-    wrapped = plugin.SteptallyPPOLoss(partial(ppo_loss, config=actor), settings)
+    wrapped = _wrapped(monkeypatch, service.url)
     losses.append(wrapped)
     model = TinyPolicy()
     data = step_data(3, model)
@@ -201,12 +206,7 @@ def test_forwards_outside_the_actor_update_are_not_reported(
 def test_a_reporting_failure_never_reaches_training(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = _config()
-    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-    monkeypatch.setenv("STEPTALLY_URL", "http://127.0.0.1:9")
-    settings = plugin.settings_from(config)
-    assert settings is not None
-    wrapped = plugin.SteptallyPPOLoss(partial(ppo_loss, config=actor), settings)
+    wrapped = _wrapped(monkeypatch, "http://127.0.0.1:9")
     model = TinyPolicy()
     data = step_data(5, model)
     mb = micro_batches(data)[0]
@@ -221,12 +221,7 @@ def test_a_reporting_failure_never_reaches_training(
 def test_model_parallel_runs_say_so_and_report_nothing(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = _config()
-    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-    monkeypatch.setenv("STEPTALLY_URL", "http://127.0.0.1:9")
-    settings = plugin.settings_from(config)
-    assert settings is not None
-    wrapped = plugin.SteptallyPPOLoss(partial(ppo_loss, config=actor), settings)
+    wrapped = _wrapped(monkeypatch, "http://127.0.0.1:9")
     model = TinyPolicy()
     data = step_data(5, model)
     tu.assign_non_tensor(data, dp_size=2)  # two data-parallel ranks, but one process
