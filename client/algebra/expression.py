@@ -285,36 +285,59 @@ def to_float(value: Exact) -> float:
         return math.inf if value > 0 else -math.inf
 
 
+class _Evaluation:
+    """One evaluation of a spec's derived expressions.
+
+    It leaves no reference cycle behind, so that its values and undefined causes are
+    freed as soon as it is dropped, never by the cyclic collector (whose full passes
+    over a busy service's heap stop every thread): ``lookup`` is a method, not a closure
+    naming itself, and an undefined value is kept without the traceback that holds the
+    evaluation's frames.
+    """
+
+    __slots__ = ("base", "budget", "done", "exprs")
+
+    def __init__(self, exprs: Mapping[str, Node], base: Callable[[str], Exact]) -> None:
+        self.exprs = exprs
+        self.base = base
+        self.done: dict[str, Exact | Undefined] = {}
+        self.budget = Budget()
+
+    def lookup(self, name: str) -> Exact:
+        node = self.exprs.get(name)
+        if node is None:
+            return self.base(name)
+        done = self.done
+        if name not in done:
+            try:
+                done[name] = evaluate(node, self.lookup, self.budget)
+            except Undefined as exc:
+                done[name] = exc.with_traceback(None)
+            except RecursionError:
+                done[name] = Undefined("the expression nests too deeply to evaluate")
+        result = done[name]
+        if isinstance(result, Undefined):  # named once, with the first cause
+            raise _named(name, result)
+        return result
+
+
+def _named(name: str, result: Undefined) -> Undefined:
+    cause = getattr(result, "cause", result.args[0])
+    undefined = Undefined(f"`{name}` is undefined: {cause}")
+    undefined.cause = cause  # type: ignore[attr-defined]
+    return undefined
+
+
 def evaluate_all(
     exprs: Mapping[str, Node], base: Callable[[str], Exact]
 ) -> dict[str, Exact | Undefined]:
     """Evaluate every derived expression; derived names may refer to one another.
     All of them share one :class:`Budget`; a spec too deep to evaluate is undefined."""
-    done: dict[str, Exact | Undefined] = {}
-    budget = Budget()
-
-    def lookup(name: str) -> Exact:
-        if name in exprs:
-            if name not in done:
-                try:
-                    done[name] = evaluate(exprs[name], lookup, budget)
-                except Undefined as exc:
-                    done[name] = exc
-                except RecursionError:
-                    done[name] = Undefined("the expression nests too deeply to evaluate")
-            result = done[name]
-            if isinstance(result, Undefined):  # named once, with the first cause
-                cause = getattr(result, "cause", result.args[0])
-                undefined = Undefined(f"`{name}` is undefined: {cause}")
-                undefined.cause = cause  # type: ignore[attr-defined]
-                raise undefined
-            return result
-        return base(name)
-
+    evaluation = _Evaluation(exprs, base)
     for name in exprs:
         with contextlib.suppress(Undefined):
-            lookup(name)
-    return done
+            evaluation.lookup(name)
+    return evaluation.done
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from fractions import Fraction
 
@@ -150,3 +151,32 @@ def test_guards_are_validated_and_part_of_the_meaning() -> None:
     assert MetricSpec.from_json(guarded.to_json()) == guarded
     with pytest.raises(SpecConflict, match="guard"):
         guarded.merged_with(MetricSpec.build({"a": "max", "n": "count"}))
+
+
+def test_an_evaluation_leaves_no_reference_cycle_for_the_collector() -> None:
+    """Every value and undefined cause is freed when the evaluation is dropped: nothing
+    of it waits for the cyclic collector, whose passes stop a serving process."""
+    spec = MetricSpec.build(
+        {"a": "sum", "n": "count", "lo": "min"},
+        {
+            "mean": "a / n",
+            "twice": "mean * 2",
+            "by_zero": "a / (n - n)",
+            "after_zero": "by_zero + 1",
+            "no_min": "lo * 2",
+            "deep": " * ".join(["a"] * 30),  # past the bits bound: undefined
+        },
+    )
+    fragments = [{"a": [1e300, 1e-300], "n": 1}] * 3
+    gc.collect()
+    gc.disable()
+    try:
+        report = combine(spec, fragments)
+        freed_by_the_collector = gc.collect()
+    finally:
+        gc.enable()
+    assert report["twice"].value == float((Fraction(1e300) + Fraction(1e-300)) * 2)
+    cause = "the denominator `(n - n)` is zero"
+    assert report["after_zero"].reason == f"`by_zero` is undefined: {cause}"
+    assert report["no_min"].value is None and report["deep"].value is None
+    assert freed_by_the_collector == 0
