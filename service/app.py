@@ -60,6 +60,7 @@ def create_app(
     window_s = settings.metrics_window_s  # /metrics: the runs active within it
     registry, telemetry = build_registry(store.exposition_snapshot, window_s, clock)
     hub = EventHub()
+    hub.degraded = settings.events_poll
     fanout = None
     if settings.redis_url is not None:
         fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)

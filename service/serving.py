@@ -35,6 +35,8 @@ def serve(settings: Settings, workers: int) -> int:
         # uvicorn exits with STARTUP_FAILURE itself when the app does not start
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
         return 0
+    if settings.redis_url is None:  # N processes, one database: none hears all the others
+        settings = settings.model_copy(update={"events_poll": True})
     export(settings)
     config = uvicorn.Config(
         APP_FACTORY,

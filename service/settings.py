@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     # finalisations (service/coordination/); unset, each process has its own hub
     redis_url: str | None = None
     redis_prefix: str = Field(default="steptally", min_length=1)
+    # event streams read each finalisation from the database (woken by this process's
+    # own, polling for others') instead of sending what this process hears: needed when
+    # other processes finalise steps of the same database without Redis (replicas
+    # without a Redis URL); `serve --workers N` turns it on, and with Redis it is on
+    # while Redis is away (service/usecase/events.py)
+    events_poll: bool = False
     # access control (docs/security.md): with auth on, every route but /healthz and the
     # dashboard's pages needs a bearer token (`steptally token create`); off by default
     auth: bool = False

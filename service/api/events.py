@@ -4,7 +4,13 @@ Each event is ``event: step``, ``id: <cursor>``, ``data: <the step object>``; a
 ``Last-Event-ID`` header (or ``?last_event_id=``) replays what came after it, then
 the stream goes on live. The run and the cursor are checked before the stream
 starts, so a bad request is an ordinary JSON error. The first thing sent is the
-comment ``: live``: from then on no finalisation is missed. Comments keep the connection
+comment ``: live`` with an ``id:`` and no data: from then on no finalisation is missed,
+and a client that reconnects with that id (or a later event's) receives every step
+finalised meanwhile. The id is the client's own ``Last-Event-ID`` when it sent one, else
+the place after every finalisation stored when the stream began. So a stream that ends
+before its first event (Redis lost, a replica stopped) still leaves the client an id to
+resume from; a browser's ``EventSource`` keeps it (the HTML standard sets the last event
+id even for an event without data) and reconnects after ``RETRY_MS``. Comments keep the connection
 alive every ``PING_S`` seconds. When the server begins to shut down, sse-starlette
 tells the stream, which ends cleanly (its last chunk sent, so uvicorn never waits on
 it); the hub ends any stream still open when the app stops.
@@ -31,6 +37,7 @@ from steptally.service.usecase.facade import Service
 router = APIRouter(prefix="/v1/runs", tags=["events"])
 
 PING_S = 15
+RETRY_MS = 1000  # how soon an EventSource reconnects to a stream that ended
 SHUTDOWN_GRACE_S = 2.0  # for a replay in progress to reach a clean end
 
 
@@ -47,8 +54,9 @@ async def _sse(
 
     watcher = asyncio.create_task(end_on_shutdown())
     try:
-        yield ServerSentEvent(comment="live")
-        async for event in step_events(service, run, after, sub):
+        start = after if after is not None else await run_in_threadpool(service.newest_cursor, run)
+        yield ServerSentEvent(comment="live", id=start.encode(), retry=RETRY_MS)
+        async for event in step_events(service, run, after, sub, start):
             data = orjson.dumps(event.step, option=orjson.OPT_NON_STR_KEYS).decode()
             yield ServerSentEvent(data=data, event="step", id=event.cursor.encode())
     finally:

@@ -9,8 +9,11 @@ replica's event streams see every finalisation, a millisecond or two after its c
 Redis pub/sub delivers at most once, and Redis may be away. The rule is that events
 degrade to *replay on reconnect from the database*, never to an error or lost data:
 
-* while this replica is not subscribed (Redis down, or not yet reached at start), it
-  delivers its own finalisations to its hub directly, so its streams stay live for them;
+* while this replica is not subscribed (Redis down, or not yet reached at start), its
+  hub is ``degraded``: its streams read each finalisation from the database, woken by
+  this replica's own (delivered to its hub directly) and polling for the others'
+  (:func:`~steptally.service.usecase.events.step_events`), so they stay live, in the
+  database's order, and skip nothing;
 * a publish that fails is delivered locally the same way;
 * whenever the subscription is lost, and again when it is back, every open stream of
   this replica is ended. Clients (browsers' ``EventSource``, the dashboard) reconnect
@@ -68,6 +71,7 @@ class RedisFanout:
         )
         self._channel = keys.finalised_events
         self._hub = hub
+        hub.degraded = True  # until the first subscription: it hears only this replica
         self._subscribed = asyncio.Event()
         self._outbox: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,6 +154,7 @@ class RedisFanout:
                 log.warning("the Redis subscription is lost (%s); retrying", exc)
             if self.subscribed:
                 self._subscribed.clear()
+                self._hub.degraded = True  # it hears only this replica until then
                 self._hub.end_streams()  # they replay what they miss from the database
             await asyncio.sleep(RETRY_S)
 
@@ -157,6 +162,7 @@ class RedisFanout:
         async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(self._channel)
             self._subscribed.set()
+            self._hub.degraded = False
             # a stream opened while unsubscribed may have missed other replicas' events:
             # it replays them from the database (at start there is no stream yet)
             self._hub.end_streams()

@@ -146,6 +146,9 @@ class CoordinatedStore:
     ) -> list[StepRecord]:
         return self.sql.finalised_since(run, after, limit)
 
+    def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
+        return self.sql.newest_finalised(run)
+
     def exposition_snapshot(self) -> list[RunSnapshot]:
         return self.sql.exposition_snapshot()
 

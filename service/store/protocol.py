@@ -133,6 +133,11 @@ class Store(Protocol):
         """Finalised steps in ``(finalised_at, step)`` order, after ``after``."""
         ...
 
+    def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
+        """The last place in that order (``finalised_at``, step, revision), None before
+        the run's first finalisation."""
+        ...
+
     def exposition_snapshot(self) -> list[RunSnapshot]: ...
 
     def check_ready(self) -> None:

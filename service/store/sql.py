@@ -262,6 +262,10 @@ class SqlStore:
         with transaction(self.engine, write=False) as conn:
             return sql_query.finalised_since(conn, run, after, limit)
 
+    def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.newest_finalised(conn, run)
+
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:
             return sql_query.snapshot(conn, load_runs(conn))

@@ -68,6 +68,18 @@ def finalised_since(
     return [_record(conn, run, row, False) for row in conn.execute(stmt)]
 
 
+def newest_finalised(conn: Connection, run: RunRecord) -> tuple[float, int, int] | None:
+    c = STEPS.c
+    stmt = (
+        select(c.finalised_at, c.step, c.revision)
+        .where(c.run_id == run.id, c.finalised_at.is_not(None))
+        .order_by(c.finalised_at.desc(), c.step.desc())
+        .limit(1)
+    )
+    row = conn.execute(stmt).first()
+    return None if row is None else (row.finalised_at, row.step, row.revision)
+
+
 def _status_counts(
     conn: Connection, run_ids: list[int] | None = None
 ) -> dict[int, dict[str, tuple[int, int, int | None]]]:

@@ -11,6 +11,13 @@ memory unbounded: it reconnects with its last event id and replays from the data
 An :class:`EventCursor` orders finalisations by ``(finalised_at, step)``: a step
 finalised again gets a new ``finalised_at`` and so a later place. The hub knows only
 this process's finalisations; :func:`step_events` replays from the database first.
+
+A hub fed by other replicas too (the Redis fan-out) is ``degraded`` while that feed is
+away: it hears only this replica's finalisations, so a stream that sent them as they
+came would give its client an id past the other replicas' steps, which a reconnect
+would then never replay. A degraded stream sends nothing from the hub: each
+finalisation here, and every ``POLL_S`` at the latest, it reads what the database holds
+after its last event, so its ids stay in the database's order and nothing is skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.errors import InvalidPayload
 
 MAX_QUEUED = 10_000
+POLL_S = 0.5  # a degraded stream reads the database at least this often
+RECENT = 10_000  # the (step, revision) pairs a stream remembers having sent
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -106,6 +115,7 @@ class EventHub:
         self._lock = threading.Lock()
         self._subs: dict[str, set[Subscription]] = {}
         self._closed = False
+        self.degraded = False  # it hears only part of the finalisations (see above)
 
     def subscribe(self, run: str) -> Subscription:
         """A new subscription to ``run``, delivering on the running event loop."""
@@ -177,22 +187,64 @@ class EventSource(Protocol):
 
 
 async def step_events(
-    source: EventSource, run: RunRecord, after: EventCursor | None, sub: Subscription
+    source: EventSource,
+    run: RunRecord,
+    after: EventCursor | None,
+    sub: Subscription,
+    start: EventCursor | None = None,
 ) -> AsyncIterator[StepEvent]:
     """Every finalisation after ``after`` from the database, then the live ones that
     ``sub`` (subscribed before this starts) receives, each once (``after`` None: live
-    only); ends when the hub closes or the client fell too far behind."""
+    only, from ``start``, where the database stood at subscription); ends when the hub
+    closes or the client fell too far behind. While the hub is degraded the live ones
+    are read from the database instead (see the module's docstring)."""
     since = source.clock() - _RACE_S
-    replayed: set[tuple[int, int]] = set()
-    while after is not None:
-        page = await run_in_threadpool(source.replay, run, after, REPLAY_PAGE)
-        for event in page:
-            if event.cursor.finalised_at >= since:
-                replayed.add((event.cursor.step, event.cursor.revision))
+    sent: dict[tuple[int, int], None] = {}  # recent (step, revision), oldest first
+    position = after if after is not None else start
+
+    def fresh(event: StepEvent) -> bool:
+        key = (event.cursor.step, event.cursor.revision)
+        if key in sent:
+            return False
+        if event.cursor.finalised_at >= since:
+            sent[key] = None
+            if len(sent) > RECENT:
+                del sent[next(iter(sent))]
+        return True
+
+    async def from_database() -> AsyncIterator[StepEvent]:
+        nonlocal position
+        while position is not None:
+            page = await run_in_threadpool(source.replay, run, position, REPLAY_PAGE)
+            for event in page:
+                if fresh(event):
+                    yield event
+            if page:
+                position = max(position, page[-1].cursor)
+            if len(page) < REPLAY_PAGE:
+                return
+
+    if after is not None:
+        async for event in from_database():
             yield event
-        if len(page) < REPLAY_PAGE:
-            break
-        after = page[-1].cursor
-    while (live := await sub.next()) is not None:
-        if (live.cursor.step, live.cursor.revision) not in replayed:
+    while True:
+        if source.events.degraded and position is not None:
+            try:
+                woken = await asyncio.wait_for(sub.next(), POLL_S)
+            except TimeoutError:
+                woken = _WAKE
+            if woken is None:
+                return
+            async for event in from_database():
+                yield event
+            continue
+        live = await sub.next()
+        if live is None:
+            return
+        if fresh(live):
+            if position is not None:
+                position = max(position, live.cursor)
             yield live
+
+
+_WAKE = StepEvent(EventCursor(0.0, 0, 0), {})  # a poll's time came: read the database

@@ -116,6 +116,12 @@ class Service:
         after = None if last_event_id is None else EventCursor.decode(last_event_id, where)
         return record, after
 
+    def newest_cursor(self, run: RunRecord) -> EventCursor:
+        """Where a stream that starts live stands: after every finalisation stored now
+        (the origin before the run's first)."""
+        newest = self.store.newest_finalised(run)
+        return EventCursor(0.0, 0, 0) if newest is None else EventCursor(*newest)
+
     def replay(self, run: RunRecord, after: EventCursor, limit: int) -> list[StepEvent]:
         records = self.store.finalised_since(run, after.place(), limit)
         return [_event(run, r) for r in records]

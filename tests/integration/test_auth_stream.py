@@ -36,7 +36,9 @@ def test_a_revoked_token_ends_its_open_stream(tmp_path: Path) -> None:
                 rest = list(lines)  # the stream ends, cleanly (a last empty chunk)
                 ended = time.monotonic() - revoked
             assert ended < RECHECK_S + 2.0
-            assert all(line == "" or line.startswith(":") for line in rest)
+            # the rest of the first message (its id and retry), pings, no event
+            assert rest[:2] == ["id: 0.0:0:0", "retry: 1000"]
+            assert all(line == "" or line.startswith(":") for line in rest[2:])
             assert client.get(url).status_code == 401
     finally:
         tokens.close()

@@ -27,6 +27,7 @@ class Stream:
         self.events: queue.Queue[Event] = queue.Queue()
         self.ended = threading.Event()  # the server ended the stream cleanly
         self.error: Exception | None = None
+        self.start_id: str | None = None  # the id of the stream's first message (no data)
         self._live = threading.Event()
         self._stop = threading.Event()
         self._client = httpx.Client(timeout=httpx.Timeout(5, read=None))
@@ -54,8 +55,11 @@ class Stream:
                 elif line:
                     name, _, value = line.partition(":")
                     fields[name] = value.removeprefix(" ")
-                elif fields:
+                elif "data" in fields:
                     self.events.put(fields)
+                    fields = {}
+                elif fields:  # an id without data: what to resume from, no event
+                    self.start_id = self.start_id or fields.get("id")
                     fields = {}
 
     def take(self, n: int, timeout: float = 15) -> list[Event]:
@@ -170,6 +174,34 @@ def test_reconnect_replays_exactly_the_missed_finalisations(
     got = [(_data(e)["step"], _data(e)["status"]) for e in [*missed, live]]
     assert got == [(2, "complete"), (3, "complete"), (4, "partial"), (5, "complete")]
     assert _data(missed[0]) == httpx.get(f"{base}/v1/runs/r/steps/2").json()
+
+
+def test_every_stream_starts_with_an_id_to_resume_from(served: ServedService) -> None:
+    """A stream that ends before its first event still leaves its client a place: the
+    first message's id, after every finalisation stored when it began."""
+    base = served.url
+    _register(base)
+    first = Stream(f"{base}/v1/runs/r/events")
+    first.close()
+    assert first.start_id == "0.0:0:0"  # nothing finalised yet: the origin
+    for step in (0, 1):
+        _complete(base, step)
+    watching = Stream(f"{base}/v1/runs/r/events")
+    replay = Stream(f"{base}/v1/runs/r/events", headers={"Last-Event-ID": first.start_id})
+    _, one = replay.take(2)  # both steps, from the origin
+    replay.close()
+    later = Stream(f"{base}/v1/runs/r/events")
+    later.close()
+    assert later.start_id == one["id"]  # step 1's place: the newest
+    _complete(base, 2)
+    assert [_data(e)["step"] for e in watching.take(1)] == [2]
+    watching.close()
+    again = Stream(f"{base}/v1/runs/r/events", headers={"Last-Event-ID": later.start_id})
+    try:
+        assert [_data(e)["step"] for e in again.take(1)] == [2]
+        assert again.nothing_more()
+    finally:
+        again.close()
 
 
 def test_unknown_run_and_bad_cursor_are_json_errors(served: ServedService) -> None:

@@ -4,6 +4,7 @@ unreachable, or lost and back, streams degrade to replay from the database."""
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,10 @@ import httpx
 import orjson
 import pytest
 
+from steptally.client.read import Client
+from steptally.service.usecase.events import POLL_S
 from tests.integration.test_events import Stream
+from tests.integration.test_read_client import _following, _taken
 from tests.support.redis_server import SHARED_REDIS, PrivateRedis
 from tests.support.served import ServedService, free_port
 
@@ -101,16 +105,20 @@ def test_a_step_finalised_on_one_replica_reaches_the_other_within_100ms(
     assert max(latencies) < FANOUT_S, latencies
 
 
-def test_redis_unreachable_keeps_ingest_and_local_streams(
+def test_redis_unreachable_keeps_ingest_and_every_stream_live_from_the_database(
     replicas: Callable[[str, str], list[ServedService]], redis_prefix: str
 ) -> None:
     a, b = replicas(f"redis://127.0.0.1:{free_port()}/0", redis_prefix)
     _register(a.url)
     on_a, on_b = Stream(f"{a.url}/v1/runs/r/events"), Stream(f"{b.url}/v1/runs/r/events")
     try:
-        _finalise(a.url, 0)
-        assert _steps(on_a.take(1)) == [0]  # its own finalisations stay live
-        assert on_b.nothing_more()  # the other replica's stream learns on replay
+        answered = _finalise(a.url, 0)
+        assert _steps(on_a.take(1)) == [0]  # its own finalisation wakes its stream
+        assert _steps(on_b.take(1)) == [0]  # the other replica's, by its next poll
+        assert time.monotonic() - answered < POLL_S + 1.0
+        _finalise(b.url, 1)
+        assert _steps(on_a.take(1)) == [1] and _steps(on_b.take(1)) == [1]
+        assert on_a.nothing_more() and on_b.nothing_more()  # each once
     finally:
         on_a.close()
         on_b.close()
@@ -166,3 +174,30 @@ def test_redis_lost_and_back_streams_end_and_replay_what_they_missed(
     finally:
         again.close()
         on_b.close()
+
+
+def test_a_follower_through_a_redis_restart_receives_every_step_once(
+    replicas: Callable[[str, str], list[ServedService]], private_redis: PrivateRedis
+) -> None:
+    """The case of a live page that missed every step: the stream on one replica ends
+    when Redis goes away, before its client received any event, and both replicas go on
+    finalising steps while Redis is away and after it is back."""
+    a, b = replicas(private_redis.url, "steptally")
+    _register(a.url)
+    with Client(b.url) as client:
+        steps, follower = _following(client, "r")
+        private_redis.stop()
+        deadline = time.monotonic() + 15
+        while follower.reconnects < 1:  # the stream ended, and opened again without Redis
+            assert time.monotonic() < deadline, "the stream did not end when Redis went away"
+            time.sleep(0.05)
+        for step in range(4):  # while Redis is away, on either replica
+            _finalise((a, b)[step % 2].url, step)
+        private_redis.start()
+        time.sleep(1.0)  # the replicas subscribe again
+        for step in range(4, 8):
+            _finalise((a, b)[step % 2].url, step)
+        assert sorted(_taken(steps, 8)) == list(range(8))
+        with pytest.raises(queue.Empty):
+            steps.get(timeout=1.5)  # none twice
+        assert follower.reconnects >= 1

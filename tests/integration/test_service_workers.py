@@ -8,7 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import orjson
 from support.served import ServedService
+
+from tests.integration.test_events import Stream
 
 
 def _children(pid: int) -> list[int]:
@@ -46,3 +49,29 @@ def test_two_workers_serve_and_share_steps(
     assert step["status"] == "complete"
     assert step["metrics"]["a"]["value"] == 3.0  # exact: adding in order gives 0.0
     assert step["metrics"]["n"]["value"] == 3
+
+
+def test_a_stream_on_one_worker_sends_every_workers_finalisations_once(
+    db_url: str, serve: Callable[..., ServedService]
+) -> None:
+    """Without Redis no worker hears the others: their streams read the database, so
+    the steps another worker finalises arrive live, in order, once."""
+    service = serve(db_url, "--workers", "2")
+    spec = {"name": "w", "world_size": 1, "metrics": {"a": "sum"}}
+    try:
+        assert httpx.post(f"{service.url}/v1/runs", json=spec).status_code in (200, 201)
+        stream = Stream(f"{service.url}/v1/runs/w/events")
+        try:
+            for step in range(12):  # a new connection each: either worker answers
+                body = {
+                    "fragments": [{"step": step, "rank": 0, "seq": 0, "values": {"a": 1.0}}],
+                    "commits": [{"step": step, "rank": 0, "fragments": 1}],
+                }
+                assert httpx.post(f"{service.url}/v1/runs/w/fragments", json=body).is_success
+            got = [orjson.loads(e["data"])["step"] for e in stream.take(12)]
+            assert stream.nothing_more(1.0)
+        finally:
+            stream.close()
+    finally:
+        service.stop(signal.SIGTERM)
+    assert got == list(range(12))
