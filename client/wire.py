@@ -134,9 +134,16 @@ def decode_batch(body: object) -> FragmentBatch:
     if body.get("columnar") is not None:
         batch = _decode_columnar(body["columnar"])
     else:
-        batch = _decode_rows(body.get("fragments") or [])
-    batch.commits = _decode_commits(body.get("commits") or [])
+        batch = _decode_rows(_listed(body, "fragments"))
+    batch.commits = _decode_commits(_listed(body, "commits"))
     return batch
+
+
+def _listed(body: dict[str, object], key: str) -> object:
+    """``body[key]``, a missing or null one as an empty list (any other value as it is,
+    to be refused unless it is a list: ``{}`` is not an empty list)."""
+    value = body.get(key)
+    return [] if value is None else value
 
 
 def _decode_rows(rows: object) -> FragmentBatch:

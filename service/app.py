@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from steptally.service.api import docs, errors, events, fragments, health, runs, steps
 from steptally.service.api.deadline import RequestDeadline
-from steptally.service.api.docs import declare_bearer
+from steptally.service.api.docs import declare_bearer, describe_limits
 from steptally.service.api.handoff import Handoff
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.api.limits import BodyBudget, RequestLimits
@@ -110,6 +110,7 @@ def create_app(
     errors.install(app)
     app.add_middleware(RequestLimits, settings=settings)  # content type and body size
     app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
+    describe_limits(app, settings.max_world_size, settings.max_step_timeout_s)
     if tokens is not None:
         declare_bearer(app)
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)

@@ -79,6 +79,13 @@ class NotFound(ServiceError):
     code = "not_found"
 
 
+class MetricNotFound(NotFound):
+    """A read (a series, the steps list's ``metric=``) of a metric the run does not
+    have: the view asked for is not there (in a body, ``unknown_metric``, a 422)."""
+
+    code = "metric_not_found"
+
+
 class UnknownRun(NotFound):
     code = "unknown_run"
 

@@ -24,9 +24,15 @@ from steptally.service.usecase.facade import Service
 
 RUN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
+# an event id as the events route sends it: ``finalised_at`` (a float's repr), step, revision
+EVENT_ID_PATTERN = r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18}:[0-9]{1,18}$"
+
 RunName = Annotated[str, Path(pattern=RUN_PATTERN, max_length=128)]
 StepNumber = Annotated[int, Path(ge=0, le=MAX_INT)]
 StepBound = Annotated[int | None, Query(ge=0, le=MAX_INT)]
+# a page's next_cursor: a run name, or a step number
+RunCursor = Annotated[str | None, Query(pattern=RUN_PATTERN, max_length=128)]
+StepCursor = Annotated[str | None, Query(pattern=r"^[0-9]{1,19}$")]
 
 
 async def _service(request: Request) -> Service:

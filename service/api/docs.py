@@ -58,6 +58,47 @@ def swagger_asset(name: str) -> Response:
     return Response(body, media_type=media_type, headers={"Cache-Control": CACHE})
 
 
+# the body of POST /v1/runs/{run}/fragments, read by the ingest route itself (its two
+# forms and every check: docs/api-contract.md, Fragments and commits)
+FRAGMENTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "description": "fragments and commits, in the row form (`fragments`, "
+                "`commits`) or the compact form (`columnar`); docs/api-contract.md",
+                "properties": {  # null: the same as left out
+                    "fragments": {"type": ["array", "null"], "items": {"type": "object"}},
+                    "commits": {"type": ["array", "null"], "items": {"type": "object"}},
+                    "columnar": {"type": ["object", "null"]},
+                },
+                "not": {"required": ["fragments", "columnar"]},  # one form or the other
+            }
+        }
+    },
+}
+
+
+def describe_limits(app: FastAPI, max_world_size: int, max_step_timeout_s: float) -> None:
+    """Write into ``/openapi.json`` what the routes read themselves: the fragments
+    body, and the bounds of a run's spec that this service's settings set."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            body = schema["components"]["schemas"]["RunBody"]["properties"]
+            body["world_size"]["maximum"] = max_world_size
+            body["step_timeout_s"]["maximum"] = max_step_timeout_s
+            post = schema["paths"]["/v1/runs/{run}/fragments"]["post"]
+            post["requestBody"] = FRAGMENTS_BODY
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def declare_bearer(app: FastAPI) -> None:
     build = app.openapi
 

@@ -15,6 +15,7 @@ no answer echoes a whole input. Every error answer is counted in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,7 +111,23 @@ async def _http_error(request: Request, exc: Exception) -> JsonResponse:
     message = str(exc.detail)
     if status == 400:
         message = "the body could not be read as JSON; send UTF-8 JSON"
-    return error_response(request, status, code, message, None)
+    response = error_response(request, status, code, message, None)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    if status == 405:  # every method of the path, not only the first route's (RFC 9110)
+        response.headers["Allow"] = ", ".join(_allowed(request))
+    return response
+
+
+def _allowed(request: Request) -> list[str]:
+    """The methods the app's OpenAPI description lists for the request's path."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), request.url.path):
+            methods |= {m.upper() for m in operations}
+    if "GET" in methods:
+        methods.add("HEAD")  # answered wherever GET is
+    return sorted(methods)
 
 
 async def _unstorable(request: Request, exc: Exception) -> JsonResponse:

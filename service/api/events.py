@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated
 
 import anyio
 import orjson
@@ -28,7 +27,7 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from steptally.service.api.deps import RunName, ServiceDep
+from steptally.service.api.deps import EVENT_ID_PATTERN, RunName, ServiceDep
 from steptally.service.api.schemas import errors
 from steptally.service.domain.run import RunRecord
 from steptally.service.usecase.events import EventCursor, step_events
@@ -72,10 +71,14 @@ async def _sse(
 async def run_events(
     run: RunName,
     service: ServiceDep,
-    last_event_id: Annotated[str | None, Query()] = None,
-    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    # typed str with a None default, so that the schema says "a string" (with its
+    # pattern) and no null, which a header or a query cannot carry
+    last_event_id: str = Query(default=None, pattern=EVENT_ID_PATTERN),
+    last_event_id_header: str = Header(
+        default=None, alias="Last-Event-ID", pattern=EVENT_ID_PATTERN
+    ),
 ) -> EventSourceResponse:
-    text, where = last_event_id_header, "Last-Event-ID"
+    text, where = last_event_id_header, "header.Last-Event-ID"
     if text is None:
         text, where = last_event_id, "query.last_event_id"
     record, after = await run_in_threadpool(service.open_events, run, text, where)

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from steptally.service.api.deps import GrantDep, RunName, ServiceDep, SettingsDep
+from steptally.client.algebra.kind import NAME_PATTERN, Kind
+from steptally.service.api.deps import (
+    RUN_PATTERN,
+    GrantDep,
+    RunCursor,
+    RunName,
+    ServiceDep,
+    SettingsDep,
+)
 from steptally.service.api.schemas import JsonResponse, RunAnswer, RunPage, errors
 from steptally.service.settings import run_limits
+from steptally.service.usecase.query import MAX_PAGE
 from steptally.service.usecase.registration import RunRequest
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -21,12 +30,35 @@ class RunBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str
-    world_size: int
-    metrics: dict[str, Any]
-    derived: dict[str, str] = Field(default_factory=dict)
-    guards: dict[str, str] = Field(default_factory=dict)
-    step_timeout_s: float | None = Field(default=None, allow_inf_nan=False)
+    name: str = Field(json_schema_extra={"pattern": RUN_PATTERN, "maxLength": 128})
+    # the bounds the service's settings set are written into /openapi.json by
+    # service/api/docs.py (describe_limits); the checks themselves stay the algebra's
+    world_size: int = Field(json_schema_extra={"minimum": 1})
+    metrics: dict[str, Any] = Field(
+        json_schema_extra={
+            "propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"},
+            "additionalProperties": {"enum": [k.value for k in Kind]},
+        }
+    )
+    derived: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"}},
+    )
+    guards: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"}},
+    )
+    step_timeout_s: float | None = Field(
+        default=None, allow_inf_nan=False, json_schema_extra={"exclusiveMinimum": 0}
+    )
+
+    @field_validator("world_size", mode="before")
+    @classmethod
+    def _integral(cls, value: Any) -> Any:
+        """381.0 is the integer 381 in JSON (Schema); 381.5 and "381" are not."""
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
 
 
 @router.post(
@@ -54,7 +86,11 @@ def register_run(
 
 
 @router.get("", response_model=RunPage, responses=errors(422))
-def list_runs(service: ServiceDep, limit: int = 100, cursor: str | None = None) -> JsonResponse:
+def list_runs(
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    cursor: RunCursor = None,
+) -> JsonResponse:
     return JsonResponse(service.list_runs(limit, cursor))
 
 

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steptally.service.api.deps import RunName, ServiceDep, StepBound, StepNumber
+from steptally.service.api.deps import RunName, ServiceDep, StepBound, StepCursor, StepNumber
 from steptally.service.api.schemas import JsonResponse, SeriesAnswer, StepAnswer, StepPage, errors
-from steptally.service.usecase.query import MAX_POINTS, MIN_POINTS
+from steptally.service.usecase.query import MAX_PAGE, MAX_POINTS, MIN_POINTS
 
 router = APIRouter(prefix="/v1/runs", tags=["steps"])
 
@@ -25,8 +25,8 @@ def list_steps(
     start: StepBound = None,
     end: StepBound = None,
     metric: Annotated[list[str] | None, Query()] = None,
-    limit: int = 100,
-    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    cursor: StepCursor = None,
 ) -> JsonResponse:
     page = service.list_steps(run, start, end, metric or [], limit, cursor)
     return JsonResponse(page)

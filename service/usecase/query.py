@@ -17,7 +17,12 @@ from steptally.service.domain.finalise import StepResult, ValueState, evaluate
 from steptally.service.domain.limits import MAX_INT, brief
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, RunSummary, is_run_name
-from steptally.service.errors import InvalidPayload, UnknownMetric, UnknownRun, UnknownStep
+from steptally.service.errors import (
+    InvalidPayload,
+    MetricNotFound,
+    UnknownRun,
+    UnknownStep,
+)
 from steptally.service.store.protocol import StepRecord, Store
 
 MAX_PAGE = 1000
@@ -117,7 +122,7 @@ def _check_metrics(run: RunRecord, metrics: Sequence[str], where: str) -> None:
     known = set(run.spec.names())
     for name in metrics:
         if name not in known:
-            raise UnknownMetric(f"run {run.name!r} has no metric {brief(name)}", where)
+            raise MetricNotFound(f"run {run.name!r} has no metric {brief(name)}", where)
 
 
 def list_steps(
@@ -133,8 +138,10 @@ def list_steps(
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidPayload(f"limit must be from 1 to {MAX_PAGE}", "limit")
     if cursor is not None:
-        if not _STEP_CURSOR.fullmatch(cursor) or int(cursor) >= MAX_INT:
+        if not _STEP_CURSOR.fullmatch(cursor):
             raise InvalidPayload("cursor must be a next_cursor from an earlier page", "cursor")
+        if int(cursor) >= MAX_INT:  # after the last step there can be: nothing more
+            return {"steps": [], "next_cursor": None}
         start = max(start or 0, int(cursor) + 1)
     records = store.list_steps(run, start, end, limit)
     page = [step_json(run, r, metrics) for r in records]
@@ -152,7 +159,8 @@ def series(
 ) -> dict[str, Any]:
     """A metric's finalised values; downsampled past ``points`` steps (or past
     ``MAX_SERIES`` when ``points`` is not given)."""
-    _check_metrics(run, [metric], "metric")
+    if metric not in run.spec.names():  # a path to a series that is not there
+        raise MetricNotFound(f"run {run.name!r} has no metric {brief(metric)}", "path.metric")
     if start is not None and end is not None and end < start:
         raise InvalidPayload(f"end ({end}) is before start ({start})", "end")
     if points is not None and not MIN_POINTS <= points <= MAX_POINTS:

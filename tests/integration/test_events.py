@@ -211,7 +211,7 @@ def test_unknown_run_and_bad_cursor_are_json_errors(served: ServedService) -> No
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "unknown_run"
     for headers, params, where in (
-        ({"Last-Event-ID": "junk"}, {}, "Last-Event-ID"),
+        ({"Last-Event-ID": "junk"}, {}, "header.Last-Event-ID"),
         ({}, {"last_event_id": "1.0:x:1"}, "query.last_event_id"),
     ):
         bad = httpx.get(f"{base}/v1/runs/r/events", headers=headers, params=params)

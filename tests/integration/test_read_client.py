@@ -180,7 +180,8 @@ def test_compare_runs_and_clear_errors(served: ServedService) -> None:
     assert both["r"].to_list() == [_expected(s)["mean"] for s in range(4)]
     assert both["s"].to_list() == [None, _expected(1)["mean"], _expected(2)["mean"], None]
     assert (unknown.value.code, unknown.value.status) == ("unknown_run", 404)
-    assert metric.value.code == "unknown_metric" and "nope" in metric.value.message
+    assert (metric.value.code, metric.value.status) == ("metric_not_found", 404)
+    assert "nope" in metric.value.message
 
 
 def test_a_rate_limited_read_waits_out_retry_after(

@@ -5,15 +5,21 @@ per operation), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from support.served import ServedService
 
 from .conftest import Api
 
@@ -58,3 +64,29 @@ def test_no_input_makes_a_server_error(app: FastAPI, api: Api) -> None:
                 assert mode is GenerationMode.NEGATIVE
     assert sum(statuses.values()) >= 5 * len(operations)
     assert not any(status >= 500 for status in statuses)
+
+
+ROOT = Path(__file__).resolve().parents[2]  # where schemathesis.toml is
+
+
+def test_schemathesis_run_with_every_check_finds_nothing(
+    db_url: str, serve: Callable[..., ServedService]
+) -> None:
+    """What a new user runs: the CLI with ``--checks all`` against a served service
+    (schema conformance both ways, Allow headers, status codes, content types)."""
+    service = serve(db_url)
+    spec = {"name": "r", "world_size": 1, "metrics": {"a": "sum"}}
+    assert httpx.post(f"{service.url}/v1/runs", json=spec).status_code == 201
+    body = {"fragments": [{"step": 0, "rank": 0, "seq": 0, "values": {"a": 1.5}}]}
+    assert httpx.post(f"{service.url}/v1/runs/r/fragments", json=body).status_code == 200
+    cli = Path(sys.executable).parent / "schemathesis"
+    args = ["run", f"{service.url}/openapi.json", "--checks", "all", "--no-color"]
+    run = subprocess.run(
+        [str(cli), *args, "--max-examples", "10", "--generation-deterministic"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout

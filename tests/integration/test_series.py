@@ -153,8 +153,8 @@ def test_series_of_unknown_things(api: Api) -> None:
     api.register(world_size=1)
     unknown_metric = api.client.get("/v1/runs/r/series/zz")
     assert (unknown_metric.status_code, unknown_metric.json()["error"]["code"]) == (
-        422,
-        "unknown_metric",
+        404,  # a series that is not there
+        "metric_not_found",
     )
     assert api.client.get("/v1/runs/zz/series/a").status_code == 404
     empty = api.client.get("/v1/runs/r/series/a", params={"points": 10}).json()

@@ -193,17 +193,23 @@ def test_a_run_name_in_a_path_is_checked_before_any_lookup(api: Api, path: str) 
         (f"/v1/runs/r/series/a?start={BIG}", "query.start"),
         ("/v1/runs/r/series/a?points=abc", "query.points"),
         ("/v1/runs/r/series/a?points=1", "query.points"),
-        ("/v1/runs/r/steps?cursor=%C2%B2", "cursor"),
-        (f"/v1/runs/r/steps?cursor={BIG - 1}", "cursor"),
-        ("/v1/runs/r/steps?cursor=-1", "cursor"),
-        ("/v1/runs/r/steps?limit=0", "limit"),
-        ("/v1/runs?cursor=%C2%B2", "cursor"),
-        ("/v1/runs?limit=99999999999999999999999", "limit"),
+        ("/v1/runs/r/steps?cursor=%C2%B2", "query.cursor"),
+        (f"/v1/runs/r/steps?cursor={BIG * 10}", "query.cursor"),
+        ("/v1/runs/r/steps?cursor=-1", "query.cursor"),
+        ("/v1/runs/r/steps?limit=0", "query.limit"),
+        ("/v1/runs?cursor=%C2%B2", "query.cursor"),
+        ("/v1/runs?limit=99999999999999999999999", "query.limit"),
     ],
 )
 def test_query_and_path_parameters_are_validated(api: Api, path: str, where: str) -> None:
     assert api.register().status_code == 201
     _error(api.client.get(path), 422, "invalid_payload", where)
+
+
+def test_a_cursor_past_the_last_possible_step_is_an_empty_last_page(api: Api) -> None:
+    assert api.register().status_code == 201
+    page = api.client.get("/v1/runs/r/steps", params={"cursor": str(BIG - 1)})
+    assert (page.status_code, page.json()) == (200, {"steps": [], "next_cursor": None})
 
 
 def _fragment(**changes: Any) -> dict[str, Any]:
@@ -336,7 +342,7 @@ def test_error_messages_never_echo_the_whole_input(api: Api) -> None:
         assert len(response.content) < 600
     assert api.register().status_code == 201
     unknown = api.client.get(f"/v1/runs/r/series/{long}")
-    _error(unknown, 422, "unknown_metric")
+    _error(unknown, 404, "metric_not_found")
     assert long[:100] not in unknown.text
 
 

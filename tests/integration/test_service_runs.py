@@ -99,9 +99,9 @@ def test_runs_come_in_pages_by_name(api: Api) -> None:
     last = api.client.get("/v1/runs", params={"limit": 5}).json()
     assert last["next_cursor"] == sorted(names)[4]
     for params, where in (
-        ({"limit": 0}, "limit"),
-        ({"limit": 1001}, "limit"),
-        ({"cursor": "/"}, "cursor"),
+        ({"limit": 0}, "query.limit"),
+        ({"limit": 1001}, "query.limit"),
+        ({"cursor": "/"}, "query.cursor"),
     ):
         bad = api.client.get("/v1/runs", params=params)
         assert bad.status_code == 422

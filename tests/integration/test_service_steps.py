@@ -139,7 +139,7 @@ def test_pages_of_steps_and_series(api: Api) -> None:
         "status": ["complete"] * 4,
         "revision": [1] * 4,
     }
-    assert api.client.get("/v1/runs/r/series/zz").json()["error"]["code"] == "unknown_metric"
+    assert api.client.get("/v1/runs/r/series/zz").json()["error"]["code"] == "metric_not_found"
     assert api.client.get("/v1/runs/r/steps/9").json()["error"]["code"] == "unknown_step"
 
 

@@ -47,6 +47,7 @@ def test_every_contract_code_has_its_status() -> None:
         "forbidden": 403,
         "unknown_run": 404,
         "unknown_step": 404,
+        "metric_not_found": 404,
         "spec_conflict": 409,
         "fragment_conflict": 409,
         "commit_conflict": 409,

@@ -166,3 +166,10 @@ def test_bad_exact_sums_name_the_value(value: object, where: str) -> None:
     with pytest.raises(WireError) as info:
         decode_batch(body)
     assert info.value.where == where
+
+
+@pytest.mark.parametrize("key", ["fragments", "commits"])
+def test_an_empty_object_is_not_an_empty_list(key: str) -> None:
+    assert decode_batch({key: None}).commits == []  # null: left out
+    with pytest.raises(WireError, match="must be a list"):
+        decode_batch({key: {}})
