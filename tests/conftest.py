@@ -13,6 +13,7 @@ import signal
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.served import ServedService
@@ -25,6 +26,21 @@ collect_ignore = ["verl_plugin"] if importlib.util.find_spec("verl") is None els
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2.*")
     import fastapi.testclient  # noqa: F401
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (the system's) driven by Playwright, one for the whole session:
+    Playwright's sync API runs one event loop a thread, so every test shares it."""
+    from playwright.sync_api import sync_playwright  # not in the verl venv
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
 
 
 @pytest.fixture(scope="session")

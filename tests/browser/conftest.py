@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 from browser.seeding import Seeder
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from support.served import free_port
 
 from steptally.service.embedded import EmbeddedServer
 from steptally.service.settings import Settings
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts" / "browser"
 VIEWPORT = {"width": 1440, "height": 1000}
 
@@ -34,14 +33,6 @@ def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     with EmbeddedServer(settings) as server:
         yield server.url
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -205,41 +205,39 @@ def test_a_follower_through_a_redis_restart_receives_every_step_once(
 
 @pytest.mark.browser
 def test_a_browser_event_source_through_a_redis_restart_receives_every_step_once(
-    replicas: Callable[[str, str], list[ServedService]], private_redis: PrivateRedis
+    replicas: Callable[[str, str], list[ServedService]],
+    private_redis: PrivateRedis,
+    browser: Any,
 ) -> None:
     """The same with a real ``EventSource`` in headless Chromium: it keeps the id of the
     stream's first message (no data) and reconnects with it by itself."""
-    from playwright.sync_api import sync_playwright
-
     a, b = replicas(private_redis.url, "steptally")
     _register(a.url)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{b.url}/healthz")  # any page of the replica: same origin
-            page.evaluate(
-                """() => {
-                  window.steps = []; window.opens = 0;
-                  const source = new EventSource("/v1/runs/r/events");
-                  source.onopen = () => { window.opens += 1; };
-                  source.addEventListener(
-                    "step", (e) => window.steps.push(JSON.parse(e.data).step)
-                  );
-                }"""
-            )
-            page.wait_for_function("window.opens >= 1")
-            private_redis.stop()
-            page.wait_for_function("window.opens >= 2", timeout=15_000)  # it reconnected
-            for step in range(4):
-                _finalise((a, b)[step % 2].url, step)
-            private_redis.start()
-            time.sleep(1.0)
-            for step in range(4, 8):
-                _finalise((a, b)[step % 2].url, step)
-            page.wait_for_function("window.steps.length >= 8", timeout=20_000)
-            time.sleep(1.5)  # and nothing more
-            steps = page.evaluate("window.steps")
-        finally:
-            browser.close()
+    page = browser.new_page()
+    try:
+        page.goto(f"{b.url}/healthz")  # any page of the replica: same origin
+        page.evaluate(
+            """() => {
+              window.steps = []; window.opens = 0;
+              const source = new EventSource("/v1/runs/r/events");
+              source.onopen = () => { window.opens += 1; };
+              source.addEventListener(
+                "step", (e) => window.steps.push(JSON.parse(e.data).step)
+              );
+            }"""
+        )
+        page.wait_for_function("window.opens >= 1")
+        private_redis.stop()
+        page.wait_for_function("window.opens >= 2", timeout=15_000)  # it reconnected
+        for step in range(4):
+            _finalise((a, b)[step % 2].url, step)
+        private_redis.start()
+        time.sleep(1.0)
+        for step in range(4, 8):
+            _finalise((a, b)[step % 2].url, step)
+        page.wait_for_function("window.steps.length >= 8", timeout=20_000)
+        time.sleep(1.5)  # and nothing more
+        steps = page.evaluate("window.steps")
+    finally:
+        page.close()
     assert sorted(steps) == list(range(8)), steps
