@@ -15,7 +15,6 @@ no answer echoes a whole input. Every error answer is counted in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 
 from steptally.service.api.schemas import JsonResponse
 from steptally.service.errors import RateLimited, ServiceError, Unauthenticated, Unavailable
@@ -123,7 +123,7 @@ def _allowed(request: Request) -> list[str]:
     """The methods the app's OpenAPI description lists for the request's path."""
     methods: set[str] = set()
     for template, operations in request.app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), request.url.path):
+        if compile_path(template)[0].match(request.url.path):
             methods |= {m.upper() for m in operations}
     if "GET" in methods:
         methods.add("HEAD")  # answered wherever GET is

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.config import JsonDict
 
 from steptally.client.algebra.kind import NAME_PATTERN, Kind
 from steptally.service.api.deps import (
@@ -23,6 +24,7 @@ from steptally.service.usecase.registration import RunRequest
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 _AGAIN = "the same spec again (or a superset adding metrics)"
+_NAME: JsonDict = {"pattern": f"^{NAME_PATTERN.pattern}$"}  # a metric's name, in the schema
 
 
 class RunBody(BaseModel):
@@ -36,17 +38,17 @@ class RunBody(BaseModel):
     world_size: int = Field(json_schema_extra={"minimum": 1})
     metrics: dict[str, Any] = Field(
         json_schema_extra={
-            "propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"},
+            "propertyNames": _NAME,
             "additionalProperties": {"enum": [k.value for k in Kind]},
         }
     )
     derived: dict[str, str] = Field(
         default_factory=dict,
-        json_schema_extra={"propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"}},
+        json_schema_extra={"propertyNames": _NAME},
     )
     guards: dict[str, str] = Field(
         default_factory=dict,
-        json_schema_extra={"propertyNames": {"pattern": f"^{NAME_PATTERN.pattern}$"}},
+        json_schema_extra={"propertyNames": _NAME},
     )
     step_timeout_s: float | None = Field(
         default=None, allow_inf_nan=False, json_schema_extra={"exclusiveMinimum": 0}

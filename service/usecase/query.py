@@ -159,8 +159,7 @@ def series(
 ) -> dict[str, Any]:
     """A metric's finalised values; downsampled past ``points`` steps (or past
     ``MAX_SERIES`` when ``points`` is not given)."""
-    if metric not in run.spec.names():  # a path to a series that is not there
-        raise MetricNotFound(f"run {run.name!r} has no metric {brief(metric)}", "path.metric")
+    _check_metrics(run, [metric], "path.metric")
     if start is not None and end is not None and end < start:
         raise InvalidPayload(f"end ({end}) is before start ({start})", "end")
     if points is not None and not MIN_POINTS <= points <= MAX_POINTS:

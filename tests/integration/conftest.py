@@ -23,6 +23,7 @@ from steptally.service.app import create_app
 from steptally.service.settings import Settings
 from steptally.service.store.migration import upgrade
 from tests.support.redis_server import SHARED_REDIS, delete_prefix, private_prefix
+from tests.support.served import ServedService
 
 TABLES = ("partials", "step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
 
@@ -85,6 +86,17 @@ def db_url(request: pytest.FixtureRequest) -> str:
     url: str = request.getfixturevalue(f"{request.param}_url")
     _empty(url)
     return url
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServedService]:
+    """A started ``steptally serve`` on ``db_url`` whose sweeper runs every 0.1 s."""
+    monkeypatch.setenv("STEPTALLY_SWEEP_INTERVAL_S", "0.1")
+    service = ServedService(db_url, tmp_path / "serve.log").start()
+    try:
+        yield service
+    finally:
+        service.stop()
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -78,16 +76,6 @@ class Stream:
         """Stop reading; the thread ends when the server closes the stream."""
         self._stop.set()
         self._client.close()
-
-
-@pytest.fixture
-def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServedService]:
-    monkeypatch.setenv("STEPTALLY_SWEEP_INTERVAL_S", "0.1")
-    service = ServedService(db_url, tmp_path / "serve.log").start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def _register(base: str, world_size: int = 2) -> None:

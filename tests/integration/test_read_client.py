@@ -10,9 +10,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,16 +84,6 @@ def _same(got: Any, want: float | None) -> bool:
     if math.isnan(want):
         return isinstance(got, float) and math.isnan(got)
     return isinstance(got, float) and got == want
-
-
-@pytest.fixture
-def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServedService]:
-    monkeypatch.setenv("STEPTALLY_SWEEP_INTERVAL_S", "0.1")
-    service = ServedService(db_url, tmp_path / "serve.log").start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def _filled(url: str) -> None:
