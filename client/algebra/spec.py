@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from steptally.client.algebra import alerts as alert_rules
 from steptally.client.algebra import expression
 from steptally.client.algebra.errors import ExpressionError, SpecConflict, SpecError
 from steptally.client.algebra.kind import Kind, check_name, parse_kind
@@ -52,6 +53,9 @@ class MetricSpec:
     a device sync: it always sends the extreme (a neutral ±inf over an empty mask) and
     the mask's size beside it, and an empty mask contributes nothing.
 
+    ``alerts`` are the run's alert rules (:mod:`steptally.client.algebra.alerts`), each
+    on a metric or derived value of the spec.
+
     ``MetricSpec.build`` validates; the constructor trusts its arguments.
     """
 
@@ -59,6 +63,7 @@ class MetricSpec:
     derived: Mapping[str, str] = field(default_factory=dict)
     guards: Mapping[str, str] = field(default_factory=dict)
     parsed: Mapping[str, expression.Node] = field(default_factory=dict, compare=False, repr=False)
+    alerts: tuple[alert_rules.AlertRule, ...] = ()
 
     @classmethod
     def build(
@@ -67,8 +72,10 @@ class MetricSpec:
         derived: Mapping[str, str] | None = None,
         guards: Mapping[str, str] | None = None,
         limits: SpecLimits | None = None,
+        alerts: Any = None,
     ) -> MetricSpec:
-        """Validate; with ``limits``, also the cost of the derived expressions as a whole."""
+        """Validate; with ``limits``, also the cost of the derived expressions as a whole.
+        ``alerts`` is the JSON list of alert rules (or rules already parsed)."""
         derived = dict(derived or {})
         kinds = {check_name(name): parse_kind(kind, name) for name, kind in metrics.items()}
         if len(kinds) + len(derived) > MAX_METRICS:
@@ -94,18 +101,40 @@ class MetricSpec:
             limits.check(parsed)
         guards = dict(guards or {})
         _check_guards(kinds, guards)
-        return cls(kinds, {n: t.strip() for n, t in derived.items()}, guards, parsed)
+        if isinstance(alerts, tuple | list):
+            alerts = [r.to_json() if isinstance(r, alert_rules.AlertRule) else r for r in alerts]
+        rules = alert_rules.parse_all(alerts, [*kinds, *parsed])
+        return cls(kinds, {n: t.strip() for n, t in derived.items()}, guards, parsed, rules)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MetricSpec:
-        return cls.build(data.get("metrics", {}), data.get("derived", {}), data.get("guards", {}))
+        return cls.build(
+            data.get("metrics", {}),
+            data.get("derived", {}),
+            data.get("guards", {}),
+            alerts=data.get("alerts"),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "metrics": {n: k.value for n, k in self.metrics.items()},
             "derived": dict(self.derived),
             "guards": dict(self.guards),
         }
+        if self.alerts:
+            out["alerts"] = [rule.to_json() for rule in self.alerts]
+        return out
+
+    def with_alerts(self, rules: Any) -> MetricSpec:
+        """This spec with ``rules`` (JSON or parsed) added to its alert rules."""
+        new = MetricSpec.build(self.metrics, self.derived, self.guards, alerts=rules).alerts
+        return MetricSpec(
+            self.metrics,
+            self.derived,
+            self.guards,
+            self.parsed,
+            alert_rules.merged(self.alerts, new),
+        )
 
     def names(self) -> list[str]:
         return [*self.metrics, *self.derived]
@@ -137,6 +166,11 @@ class MetricSpec:
                 conflicts.append(
                     f"metric {name!r} is registered with guard {old_guard!r}, not {new_guard!r}"
                 )
+        rules = self.alerts
+        try:
+            rules = alert_rules.merged(self.alerts, new.alerts)
+        except SpecConflict as exc:
+            conflicts.extend(exc.conflicts)
         if conflicts:
             raise SpecConflict(conflicts)
         metrics = {**self.metrics, **new.metrics}
@@ -144,7 +178,7 @@ class MetricSpec:
             **self.derived,
             **{n: t for n, t in new.derived.items() if n not in self.derived},
         }
-        return MetricSpec.build(metrics, derived, {**self.guards, **new.guards}, limits)
+        return MetricSpec.build(metrics, derived, {**self.guards, **new.guards}, limits, rules)
 
 
 def _check_guards(kinds: Mapping[str, Kind], guards: Mapping[str, str]) -> None:

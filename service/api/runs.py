@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.config import JsonDict
 
+from steptally.client.algebra.alerts import MAX_RULES, MAX_WINDOW
 from steptally.client.algebra.kind import NAME_PATTERN, Kind
 from steptally.service.api.deps import (
     RUN_PATTERN,
@@ -25,6 +26,23 @@ from steptally.service.usecase.registration import RunRequest
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 _AGAIN = "the same spec again (or a superset adding metrics)"
 _NAME: JsonDict = {"pattern": f"^{NAME_PATTERN.pattern}$"}  # a metric's name, in the schema
+_NUMBER: JsonDict = {"type": "number"}
+_RULE: JsonDict = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", **_NAME},
+        "metric": {"type": "string", **_NAME},
+        "above": _NUMBER,
+        "below": _NUMBER,
+        "change_above": {"type": "number", "minimum": 0},
+        "window": {"type": "integer", "minimum": 1, "maximum": MAX_WINDOW},
+        "relative": {"type": "boolean"},
+        "missing_ranks_above": {"type": "integer", "minimum": 0},
+        "non_finite": {"type": "boolean"},
+    },
+}
 
 
 class RunBody(BaseModel):
@@ -52,6 +70,11 @@ class RunBody(BaseModel):
     )
     step_timeout_s: float | None = Field(
         default=None, allow_inf_nan=False, json_schema_extra={"exclusiveMinimum": 0}
+    )
+    # each rule is checked by the algebra (steptally.client.algebra.alerts)
+    alerts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        json_schema_extra={"maxItems": MAX_RULES, "items": _RULE},
     )
 
     @field_validator("world_size", mode="before")
@@ -82,6 +105,7 @@ def register_run(
         body.step_timeout_s,
         body.guards,
         run_limits(settings),
+        body.alerts,
     )
     run, created = service.register_run(request, grant)
     return JsonResponse(run, status_code=201 if created else 200)

@@ -56,12 +56,30 @@ class StepCounts(_Answer):
     partial: int
 
 
+class AlertRuleAnswer(_Answer):
+    """One condition per rule: above and/or below, change_above, missing_ranks_above or
+    non_finite."""
+
+    name: str
+    metric: str | None = Field(default=None, description="absent for missing_ranks_above")
+    above: float | None = None
+    below: float | None = None
+    change_above: float | None = Field(
+        default=None, description="breach when |value - mean of the window| is more"
+    )
+    window: int | None = Field(default=None, description="earlier steps a change compares with")
+    relative: bool | None = Field(default=None, description="change_above times |mean|")
+    missing_ranks_above: int | None = None
+    non_finite: bool | None = None
+
+
 class RunAnswer(_Answer):
     name: str
     world_size: int
     metrics: dict[str, Literal["sum", "count", "min", "max"]]
     derived: dict[str, str]
     guards: dict[str, str]
+    alerts: list[AlertRuleAnswer] = Field(description="checked at every finalisation")
     step_timeout_s: float
     created_at: str | None
     last_finalised_step: int | None
@@ -82,6 +100,15 @@ class MetricValue(_Answer):
     non_finite: int
 
 
+class BreachAnswer(_Answer):
+    rule: str
+    condition: Literal["above", "below", "change_above", "missing_ranks_above", "non_finite"]
+    metric: str | None = Field(description="null for missing_ranks_above")
+    value: Number = Field(description="the value checked (the missing-rank count)")
+    threshold: Number | None = Field(default=None, description="the rule's bound")
+    mean: Number | None = Field(default=None, description="the window's mean (change_above)")
+
+
 class FragmentCounts(_Answer):
     received: int
     expected: int | None
@@ -100,6 +127,9 @@ class StepAnswer(_Answer):
     fragments: FragmentCounts
     missing_fragments: dict[str, int]
     metrics: dict[str, MetricValue]
+    breaches: list[BreachAnswer] = Field(
+        description="the run's alert rules this revision broke (empty while open)"
+    )
     first_seen_at: str | None
     finalised_at: str | None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, cast
 
-from steptally.client.algebra import MetricResult, StepAccumulator
+from steptally.client.algebra import MetricResult, StepAccumulator, alerts
 from steptally.client.wire import encode_number
 from steptally.service.domain import packing, partial
 from steptally.service.domain.progress import Progress, StepStatus
@@ -34,6 +34,7 @@ class StepResult:
     expected: int | None
     ranks_late: list[int] = field(default_factory=list)  # committed after a partial finalisation
     missing_count: int | None = None  # all missing ranks (ranks_missing lists the first ones)
+    breaches: list[dict[str, Any]] = field(default_factory=list)  # alert rules broken
 
     @property
     def ranks_missing_count(self) -> int:
@@ -50,6 +51,7 @@ class StepResult:
             "expected": self.expected,
             "ranks_late": self.ranks_late,
             "ranks_missing_count": self.ranks_missing_count,
+            "breaches": self.breaches,
         }
 
     @classmethod
@@ -64,6 +66,7 @@ class StepResult:
             data["expected"],
             list(data.get("ranks_late", ())),
             data.get("ranks_missing_count"),
+            list(data.get("breaches", ())),
         )
 
 
@@ -154,6 +157,23 @@ def with_late_ranks(result: StepResult, previous: StepResult | None) -> StepResu
         return result
     late = set(previous.ranks_late) | (set(result.ranks_committed) - set(previous.ranks_committed))
     return replace(result, ranks_late=sorted(late))
+
+
+def breaches_of(run: RunRecord, result: StepResult, history: alerts.History) -> list[alerts.Breach]:
+    """The alert rules of ``run`` that ``result`` breaks (``history``: earlier values)."""
+    rules = run.spec.alerts
+    if not rules:
+        return []
+    values = {
+        r.metric: shown_value(result.metrics[r.metric]["value"])
+        for r in rules
+        if r.metric is not None and r.metric in result.metrics
+    }
+    return alerts.check(rules, values, result.ranks_missing_count, history)
+
+
+def no_history(metric: str, n: int) -> list[float]:
+    return []
 
 
 def final_status(progress: Progress) -> StepStatus:

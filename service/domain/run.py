@@ -78,6 +78,8 @@ class RunSnapshot:
     missing_ranks: int  # summed over the partial steps
     # when the run was registered or last finalised a step, whichever is later
     active_at: float = field(default=0.0, compare=False)
+    # steps that broke each alert rule of the run (every rule, 0 included)
+    breaches: Mapping[str, int] = field(default_factory=dict)
 
 
 def is_run_name(name: str) -> bool:

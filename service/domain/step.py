@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
+from steptally.client.algebra.alerts import Breach, History
+from steptally.client.wire import encode_number
 from steptally.service.domain import finalise as evaluation
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.progress import Progress, StepStatus, is_complete
@@ -38,7 +40,8 @@ class StepState:
     """One step as a store holds it, changed in memory and written back once.
 
     ``result`` is the stored JSON of the latest finalisation (None while never
-    finalised); ``values`` the per-metric values to store when it was just finalised.
+    finalised); ``values`` the per-metric values to store when it was just finalised,
+    and ``breaches`` the alert rules that finalisation broke.
     """
 
     step: int
@@ -54,6 +57,7 @@ class StepState:
     result: str | None
     changed: bool = False
     values: list[evaluation.StoredValue] = field(default_factory=list)
+    breaches: list[Breach] = field(default_factory=list)
 
 
 def opened(run: RunRecord, step: int, now: float) -> StepState:
@@ -201,16 +205,22 @@ def finalise(
     cells: evaluation.Contributions,
     status: StepStatus | None,
     now: float,
+    history: History = evaluation.no_history,
 ) -> evaluation.StepResult:
     """Evaluate a step from all of its fragments (or their merged partial state) as
     ``status`` (None: complete if it is, else partial) and make that its next revision,
     finalised at ``now``; ranks that committed since a partial finalisation are kept
-    as late."""
+    as late. The run's alert rules are checked against it once, ``history`` giving
+    the earlier steps' values that change rules compare with."""
     status = status or evaluation.final_status(progress)
     previous = None
     if state.status is StepStatus.PARTIAL and state.result is not None:
         previous = evaluation.StepResult.from_json(orjson.loads(state.result))
     result = evaluation.with_late_ranks(evaluation.evaluate(run, progress, cells, status), previous)
+    broken = evaluation.breaches_of(run, result, history)
+    if broken:
+        result = replace(result, breaches=[b.to_json(encode_number) for b in broken])
+    state.breaches = broken
     state.status = status
     state.revision += 1
     state.finalised_at = now

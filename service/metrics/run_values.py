@@ -10,7 +10,10 @@ run and the backlog of open and partial steps) and yields:
 * ``steptally_last_step_complete{run}`` — 1 when that step is complete, 0 when partial;
 * ``steptally_open_steps{run}``, ``steptally_partial_steps{run}`` and
   ``steptally_missing_ranks{run}`` (summed over the partial steps);
-* ``steptally_world_size{run}``.
+* ``steptally_world_size{run}``;
+* ``steptally_alert_breaches_total{run, rule}`` — the steps that broke each alert rule
+  of the run, every rule exported from 0 (so that ``increase()`` sees the first one),
+  read from the store: every replica shows the same count.
 
 No step label: a step number is a value, not a series. With ``window_s``, only the
 runs active within it are shown (registered or finalised a step since, or with open
@@ -22,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from steptally.service.domain.progress import StepStatus
@@ -89,3 +92,13 @@ class RunValueCollector(Collector):
                 if value is not None:
                     family.add_metric([run.run], float(value))
             yield family
+        breaches = CounterMetricFamily(
+            "steptally_alert_breaches",
+            "Steps that broke an alert rule of the run, counted once per step and rule "
+            "(every replica shows the same count: aggregate with max, not sum).",
+            labels=["run", "rule"],
+        )
+        for run in runs:
+            for rule, n in sorted(run.breaches.items()):
+                breaches.add_metric([run.run, rule], float(n))
+        yield breaches

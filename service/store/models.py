@@ -161,6 +161,23 @@ class Partial(Base):
     state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class Breach(Base):
+    """A step that broke one of its run's alert rules: one row per (step, rule), written
+    by the finalisation that first found it (a later revision that breaks the rule again
+    leaves the row as it is). ``breach`` is the breach's JSON, as the step shows it."""
+
+    __tablename__ = "breaches"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    rule: Mapped[str] = mapped_column(String(128), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    finalised_at: Mapped[float] = mapped_column(Double)
+    breach: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_breaches_run_rule", "run_id", "rule"),)
+
+
 class AuthToken(Base):
     """A bearer token (``service/auth/tokens.py``): its scope, optional run, and only a
     hash of its secret. A revoked token keeps its row, with the time of revocation."""

@@ -214,11 +214,13 @@ def _finalise(
     """Finalise the steps that :func:`~steptally.service.domain.step.next_status` names,
     against the run's current spec (read once, when the first one is finalised)."""
     out = []
+    done: list[StepState] = []
     current: RunRecord | None = None
     for row in rows:
         status = rules.next_status(run.world_size, row)
         if status is None:
             continue
         current = current or reload()
-        out.append(finalise_row(conn, sql, current, row, status, now))
+        out.append(finalise_row(conn, sql, current, row, status, now, done))
+        done.append(row)
     return out

@@ -33,7 +33,13 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Probe, StepState
 from steptally.service.store import sql_series
 from steptally.service.store.sql_statement import PIPELINE, STEP_FIELDS, core, keys_params
-from steptally.service.store.sql_step import PartialRow, new_row, pending_values, state_of
+from steptally.service.store.sql_step import (
+    PartialRow,
+    new_row,
+    pending_values,
+    state_of,
+    write_breaches,
+)
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
 #: ``COPY`` into a session table, then one ``INSERT ... SELECT``) rather than sent as
@@ -124,6 +130,7 @@ class PostgresDialect:
         assert driver is not None
         params = [_step_params(run_id, r) for r in rows if r.changed]
         values = pending_values(rows)
+        write_breaches(conn, self.sql, run_id, rows)
         with driver.pipeline():
             if partials:
                 driver.execute(PIPELINE.upsert_partials, _partial_params(run_id, partials))

@@ -13,7 +13,7 @@ from steptally.service.domain.finalise import StepResult, shown_value
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.store.protocol import StepRecord
-from steptally.service.store.sql_statement import STEPS
+from steptally.service.store.sql_statement import BREACHES, STEPS
 from steptally.service.store.sql_step import load_live
 
 _FINAL = (StepStatus.COMPLETE.value, StepStatus.PARTIAL.value)
@@ -136,13 +136,28 @@ def snapshot(conn: Connection, runs: list[RunRecord]) -> list[RunSnapshot]:
         )
         rows = {r.run_id: r for r in conn.execute(stmt)}
     last_at = _last_finalised_at(conn, [run.id for run in runs]) if runs else {}
+    broken = _breach_counts(conn, [run.id for run in runs if run.spec.alerts])
     return [
         replace(
             _snapshot(run, last[run.id], rows.get(run.id), counts.get(run.id, {})),
             active_at=max(run.created_at, last_at.get(run.id, 0.0)),
+            breaches={r.name: broken.get((run.id, r.name), 0) for r in run.spec.alerts},
         )
         for run in runs
     ]
+
+
+def _breach_counts(conn: Connection, run_ids: list[int]) -> dict[tuple[int, str], int]:
+    """Steps that broke each (run, rule), for the runs ``run_ids`` (``ix_breaches_run_rule``)."""
+    if not run_ids:
+        return {}
+    b = BREACHES.c
+    rows = conn.execute(
+        select(b.run_id, b.rule, func.count())
+        .where(b.run_id.in_(run_ids))
+        .group_by(b.run_id, b.rule)
+    )
+    return {(run_id, rule): n for run_id, rule, n in rows}
 
 
 def _snapshot(

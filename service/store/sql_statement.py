@@ -20,13 +20,14 @@ from typing import Any
 from sqlalchemy import Column, Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql
 
-from steptally.service.store.models import Commit, Fragment, Partial, Step, StepValue
+from steptally.service.store.models import Breach, Commit, Fragment, Partial, Step, StepValue
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 COMMITS: Table = Commit.__table__  # type: ignore[assignment]
 FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
 STEP_VALUES: Table = StepValue.__table__  # type: ignore[assignment]
 PARTIALS: Table = Partial.__table__  # type: ignore[assignment]
+BREACHES: Table = Breach.__table__  # type: ignore[assignment]
 STEP_FIELDS = (
     "status", "revision", "committed_ranks", "expected", "received", "missing_ranks",
     "finalised_at", "result",
@@ -50,6 +51,7 @@ class Statements:
     update_partials: Any  # :k_run, :k_step, :k_rank, :v_fragments, :v_state
     partials_of_step: Any  # (rank, fragments, state) of :run, :step
     upsert_partials: Any  # partials rows, replacing the stored ones
+    insert_breaches: Any  # breaches rows; a (step, rule) already stored stays as it is
 
 
 def _where(table: Table) -> Any:
@@ -104,6 +106,7 @@ def core(insert: Callable[[Table], Any]) -> Statements:
             index_elements=[k.name for k in PARTIALS.primary_key],
             set_={"fragments": partials.excluded.fragments, "state": partials.excluded.state},
         ),
+        insert_breaches=insert(BREACHES).on_conflict_do_nothing(),
     )
 
 

@@ -18,16 +18,20 @@ from its fragments (:func:`load_live`).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, Select, select
 
+from steptally.client.algebra.alerts import History
+from steptally.client.wire import encode_number
 from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
-from steptally.service.domain.finalise import Contributions, StoredValue
+from steptally.service.domain.finalise import Contributions, StoredValue, ValueState
 from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
@@ -38,6 +42,7 @@ from steptally.service.store.sql_statement import (
     FRAGMENTS,
     STATE_COLUMNS,
     STEP_FIELDS,
+    STEP_VALUES,
     STEPS,
     Statements,
     keys_params,
@@ -89,6 +94,7 @@ def lock_step(conn: Connection, for_update: ForUpdate, run_id: int, step: int) -
 
 def write_steps(conn: Connection, sql: Statements, run_id: int, rows: Sequence[StepState]) -> None:
     """Write the changed step rows and the values of those just finalised."""
+    write_breaches(conn, sql, run_id, rows)
     values = pending_values(rows)
     if values:
         conn.execute(
@@ -107,6 +113,28 @@ def write_steps(conn: Connection, sql: Statements, run_id: int, rows: Sequence[S
         p["v_status"] = p["v_status"].value
     if params:
         conn.execute(sql.update_steps, params)
+
+
+def write_breaches(
+    conn: Connection, sql: Statements, run_id: int, rows: Sequence[StepState]
+) -> None:
+    """The breaches found by the finalisations of this transaction (rare: one statement,
+    only when there are some)."""
+    found = [
+        {
+            "run_id": run_id,
+            "step": r.step,
+            "rule": b.rule,
+            "revision": r.revision,
+            "finalised_at": r.finalised_at,
+            "breach": orjson.dumps(b.to_json(encode_number)).decode(),
+        }
+        for r in rows
+        if r.changed
+        for b in r.breaches
+    ]
+    if found:
+        conn.execute(sql.insert_breaches, found)
 
 
 def pending_values(rows: Sequence[StepState]) -> list[tuple[int, StoredValue]]:
@@ -227,6 +255,36 @@ def load_partials(
     return progress, partial.merged(run.spec, (bytes(p.state) for p in parts))
 
 
+def history(
+    conn: Connection, run: RunRecord, step: int, earlier: Sequence[StepState] = ()
+) -> History:
+    """What a change rule compares ``step`` with: the stored values of the nearest earlier
+    steps, and those of ``earlier`` (finalised in this transaction, not yet written); a
+    value that is not a number reads as NaN."""
+
+    def read(metric: str, n: int) -> list[float]:
+        col = run.value_column_of.get(metric)
+        if col is None:
+            return []
+        v = STEP_VALUES.c
+        rows = conn.execute(
+            select(v.step, v.value, v.state)
+            .where(v.run_id == run.id, v.col == col, v.step < step)
+            .order_by(v.step.desc())
+            .limit(n)
+        )
+        found = {s: (value, state) for s, value, state in rows}
+        for other in earlier:
+            mine = [(val, st) for c, val, st in other.values if c == col]
+            if other.step < step and mine:
+                found[other.step] = mine[0]
+        nearest = sorted(found, reverse=True)[:n]
+        number = ValueState.NUMBER.value
+        return [found[s][0] if found[s][1] == number else math.nan for s in nearest]
+
+    return read
+
+
 def finalise_row(
     conn: Connection,
     sql: Statements,
@@ -234,10 +292,15 @@ def finalise_row(
     row: StepState,
     status: StepStatus | None,
     now: float,
+    earlier: Sequence[StepState] = (),
 ) -> FinalisedStep:
     """Finalise a locked step as ``status`` (None: complete if it is, else partial),
-    from its partial rows where they hold every fragment, else from its fragments."""
+    from its partial rows where they hold every fragment, else from its fragments, and
+    check the run's alert rules against it (``earlier``: the steps finalised before it
+    in this transaction)."""
     progress, cells = load_partials(conn, sql, run, row) or load_live(conn, run, row.step)
-    result = step_rules.finalise(run, row, progress, cells, status, now)
+    result = step_rules.finalise(
+        run, row, progress, cells, status, now, history(conn, run, row.step, earlier)
+    )
     record = StepRecord(row.step, row.status, row.revision, row.first_seen_at, now, result)
     return FinalisedStep(run.name, row.step, row.status, row.revision, run, record)

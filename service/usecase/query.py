@@ -42,6 +42,7 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         "name": run.name,
         "world_size": run.world_size,
         **run.spec.to_json(),
+        "alerts": [rule.to_json() for rule in run.spec.alerts],
         "step_timeout_s": run.step_timeout_s,
         "created_at": timestamp(run.created_at),
         "last_finalised_step": summary.last_finalised_step,
@@ -106,6 +107,7 @@ def step_json(
         "fragments": {"received": result.received, "expected": result.expected},
         "missing_fragments": {str(r): n for r, n in result.missing_fragments.items()},
         "metrics": shown,
+        "breaches": result.breaches,
         "first_seen_at": timestamp(record.first_seen_at),
         "finalised_at": timestamp(record.finalised_at),
     }

@@ -10,7 +10,7 @@ not create a run, or may not change one, as it says: :class:`Forbidden`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ class RunRequest:
     step_timeout_s: float | None = None
     guards: Mapping[str, str] = field(default_factory=dict)
     limits: RunLimits = field(default_factory=RunLimits)
+    alerts: Sequence[Mapping[str, Any]] = ()
 
 
 def register(
@@ -51,10 +52,10 @@ def register(
     request.limits.check(request.world_size, request.step_timeout_s)
     try:
         spec = MetricSpec.build(
-            request.metrics, request.derived, request.guards, request.limits.spec
+            request.metrics, request.derived, request.guards, request.limits.spec, request.alerts
         )
     except SpecError as exc:
-        raise InvalidSpec(str(exc), "metrics") from None
+        raise InvalidSpec(str(exc), "alerts" if "alert" in str(exc) else "metrics") from None
 
     def decide(existing: RunRecord | None) -> RunDraft:
         if existing is None:
@@ -76,9 +77,13 @@ def _changes(existing: RunRecord, draft: RunDraft) -> list[str]:
     changes = []
     added = sorted(set(draft.spec.metrics) - set(existing.spec.metrics))
     added += sorted(set(draft.spec.derived) - set(existing.spec.derived))
+    have = {r.name for r in existing.spec.alerts}
+    rules = [r.name for r in draft.spec.alerts if r.name not in have]
     if added:
         changes.append(f"it would add {', '.join(added)}")
-    elif draft.spec != existing.spec:
+    if rules:
+        changes.append(f"it would add alert rules {', '.join(rules)}")
+    elif not added and draft.spec != existing.spec:
         changes.append("it would change the guards")
     if draft.step_timeout_s != existing.step_timeout_s:
         changes.append(

@@ -24,7 +24,7 @@ from steptally.service.store.migration import upgrade
 from steptally.service.store.protocol import Store
 from tests.support.redis_server import SHARED_REDIS, delete_prefix, private_prefix
 
-TABLES = ("partials", "step_values", "fragments", "commits", "steps", "metrics", "runs")
+TABLES = ("breaches", "partials", "step_values", "fragments", "commits", "steps", "metrics", "runs")
 CONFIGURATIONS = [
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),

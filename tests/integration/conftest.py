@@ -25,7 +25,10 @@ from steptally.service.store.migration import upgrade
 from tests.support.redis_server import SHARED_REDIS, delete_prefix, private_prefix
 from tests.support.served import ServedService
 
-TABLES = ("partials", "step_values", "fragments", "commits", "steps", "metrics", "runs", "tokens")
+TABLES = (
+    "breaches", "partials", "step_values", "fragments", "commits", "steps", "metrics", "runs",
+    "tokens",
+)  # fmt: skip
 
 
 class Clock:
