@@ -306,6 +306,44 @@ class Run:
             frame.attrs["undefined"] = self.undefined()
         return frame
 
+    def breaches(
+        self,
+        rules: Sequence[str] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        format: Format = "pandas",
+    ) -> Any:
+        """Every step that broke an alert rule of the run (``rules``, None: any), one row
+        per (step, rule) in that order: ``step``, ``rule``, ``condition``, ``metric``,
+        ``value`` (what was checked), ``threshold``, ``mean`` (a change rule's window),
+        ``revision`` (the first that broke it) and ``finalised_at``."""
+        params: dict[str, Any] = {"limit": PAGE}
+        if rules:
+            params["rule"] = list(rules)
+        if start is not None:
+            params["start"] = start
+        if end is not None:
+            params["end"] = end
+        path = f"/v1/runs/{self.name}/breaches"
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            page = self.client.get(path, {**params, **({"cursor": cursor} if cursor else {})})
+            found.extend(page["breaches"])
+            cursor = _advanced(cursor, page.get("next_cursor"), _breach_key)
+            if cursor is None:
+                break
+        names = (
+            "step", "rule", "condition", "metric", "value", "threshold", "mean", "revision",
+            "finalised_at",
+        )  # fmt: skip
+        columns: dict[str, list[Any]] = {c: [b.get(c) for b in found] for c in names}
+        for c in ("value", "threshold", "mean"):
+            columns[c] = [number(v) for v in columns[c]]
+        columns["finalised_at"] = [_when(t) for t in columns["finalised_at"]]
+        kinds = {"finalised_at": "time", "value": "float", "threshold": "float", "mean": "float"}
+        return _frame(columns, format, kinds)
+
     def follow(
         self, last_event_id: str | None = None, *, reconnect_s: float = 1.0
     ) -> Iterator[dict[str, Any]]:
@@ -394,6 +432,11 @@ class Follower(Iterator[dict[str, Any]]):
         if len(self._seen) > _SEEN_MAX:
             self._seen.popitem(last=False)
         return step
+
+
+def _breach_key(cursor: str) -> tuple[int, str]:
+    step, _, rule = cursor.partition(":")
+    return int(step), rule
 
 
 def _missing(step: Mapping[str, Any]) -> int:

@@ -86,6 +86,12 @@ class MetricNotFound(NotFound):
     code = "metric_not_found"
 
 
+class RuleNotFound(NotFound):
+    """A read of breaches (``rule=``) of an alert rule the run does not have."""
+
+    code = "rule_not_found"
+
+
 class UnknownRun(NotFound):
     code = "unknown_run"
 

@@ -109,6 +109,22 @@ class BreachAnswer(_Answer):
     mean: Number | None = Field(default=None, description="the window's mean (change_above)")
 
 
+class BreachRecordAnswer(BreachAnswer):
+    step: int
+    revision: int = Field(description="the revision that first broke the rule")
+    finalised_at: str | None
+
+
+class BreachPage(_Answer):
+    breaches: list[BreachRecordAnswer]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null: done")
+
+
+class SeriesBreach(_Answer):
+    step: int
+    rule: str
+
+
 class FragmentCounts(_Answer):
     received: int
     expected: int | None
@@ -148,6 +164,10 @@ class SeriesAnswer(_Answer):
     values: list[Number | None]
     status: list[FinalStatus]
     revision: list[int]
+    breaches: list[SeriesBreach] = Field(
+        description="steps of the range that broke a rule on this metric (every one, "
+        "downsampled or not; the first 10,000)"
+    )
 
 
 class Finalised(_Answer):

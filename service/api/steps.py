@@ -1,4 +1,5 @@
-"""``/v1/runs/{run}/steps`` and ``/series``: finalised and open steps, for people and plots."""
+"""``/v1/runs/{run}/steps``, ``/series`` and ``/breaches``: finalised and open steps, and
+the steps that broke an alert rule, for people and plots."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from steptally.service.api.deps import RunName, ServiceDep, StepBound, StepCursor, StepNumber
-from steptally.service.api.schemas import JsonResponse, SeriesAnswer, StepAnswer, StepPage, errors
-from steptally.service.usecase.query import MAX_PAGE, MAX_POINTS, MIN_POINTS
+from steptally.service.api.schemas import (
+    BreachPage,
+    JsonResponse,
+    SeriesAnswer,
+    StepAnswer,
+    StepPage,
+    errors,
+)
+from steptally.service.usecase.query import BREACH_CURSOR_PATTERN, MAX_PAGE, MAX_POINTS, MIN_POINTS
 
 router = APIRouter(prefix="/v1/runs", tags=["steps"])
 
@@ -42,3 +50,16 @@ def series(
     points: Annotated[int | None, Query(ge=MIN_POINTS, le=MAX_POINTS)] = None,
 ) -> JsonResponse:
     return JsonResponse(service.series(run, metric, start, end, points))
+
+
+@router.get("/{run}/breaches", response_model=BreachPage, responses=errors(404, 422))
+def list_breaches(
+    run: RunName,
+    service: ServiceDep,
+    start: StepBound = None,
+    end: StepBound = None,
+    rule: Annotated[list[str] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    cursor: Annotated[str | None, Query(pattern=BREACH_CURSOR_PATTERN)] = None,
+) -> JsonResponse:
+    return JsonResponse(service.list_breaches(run, start, end, rule or [], limit, cursor))

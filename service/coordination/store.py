@@ -56,6 +56,7 @@ from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.store.protocol import (
+    BreachRecord,
     Decide,
     FinalisedStep,
     IngestOutcome,
@@ -148,6 +149,17 @@ class CoordinatedStore:
 
     def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
         return self.sql.newest_finalised(run)
+
+    def breaches(
+        self,
+        run: RunRecord,
+        start: int | None,
+        end: int | None,
+        rules: Sequence[str] | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> list[BreachRecord]:
+        return self.sql.breaches(run, start, end, rules, after, limit)
 
     def exposition_snapshot(self) -> list[RunSnapshot]:
         return self.sql.exposition_snapshot()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.finalise import StepResult, ValueState
@@ -82,6 +82,18 @@ class SeriesRows:
     revision: list[int]
 
 
+@dataclass(frozen=True, slots=True)
+class BreachRecord:
+    """A step that broke an alert rule: the revision that first broke it, when that was
+    finalised, and the breach as the step showed it then."""
+
+    step: int
+    rule: str
+    revision: int
+    finalised_at: float
+    breach: dict[str, Any]
+
+
 Decide = Callable[[RunRecord | None], RunDraft]
 
 
@@ -136,6 +148,19 @@ class Store(Protocol):
     def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
         """The last place in that order (``finalised_at``, step, revision), None before
         the run's first finalisation."""
+        ...
+
+    def breaches(
+        self,
+        run: RunRecord,
+        start: int | None,
+        end: int | None,
+        rules: Sequence[str] | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> list[BreachRecord]:
+        """The breaches of steps ``start`` to ``end`` (inclusive, None: open), of ``rules``
+        (None: every rule), in (step, rule) order after ``after``, ``limit`` at most."""
         ...
 
     def exposition_snapshot(self) -> list[RunSnapshot]: ...

@@ -20,7 +20,7 @@ grouping off.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -35,6 +35,7 @@ from steptally.service.store.engine import DatabaseLimits, make_engine, transact
 from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.migration import check_current
 from steptally.service.store.protocol import (
+    BreachRecord,
     Decide,
     FinalisedStep,
     IngestOutcome,
@@ -265,6 +266,18 @@ class SqlStore:
     def newest_finalised(self, run: RunRecord) -> tuple[float, int, int] | None:
         with transaction(self.engine, write=False) as conn:
             return sql_query.newest_finalised(conn, run)
+
+    def breaches(
+        self,
+        run: RunRecord,
+        start: int | None,
+        end: int | None,
+        rules: Sequence[str] | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> list[BreachRecord]:
+        with transaction(self.engine, write=False) as conn:
+            return sql_query.breaches(conn, run, start, end, rules, after, limit)
 
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:

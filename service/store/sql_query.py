@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy import Connection, Row, func, select, tuple_
 from steptally.service.domain.finalise import StepResult, shown_value
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
-from steptally.service.store.protocol import StepRecord
+from steptally.service.store.protocol import BreachRecord, StepRecord
 from steptally.service.store.sql_statement import BREACHES, STEPS
 from steptally.service.store.sql_step import load_live
 
@@ -144,6 +145,32 @@ def snapshot(conn: Connection, runs: list[RunRecord]) -> list[RunSnapshot]:
             breaches={r.name: broken.get((run.id, r.name), 0) for r in run.spec.alerts},
         )
         for run in runs
+    ]
+
+
+def breaches(
+    conn: Connection,
+    run: RunRecord,
+    start: int | None,
+    end: int | None,
+    rules: Sequence[str] | None,
+    after: tuple[int, str] | None,
+    limit: int,
+) -> list[BreachRecord]:
+    b = BREACHES.c
+    stmt = select(b.step, b.rule, b.revision, b.finalised_at, b.breach).where(b.run_id == run.id)
+    if start is not None:
+        stmt = stmt.where(b.step >= start)
+    if end is not None:
+        stmt = stmt.where(b.step <= end)
+    if rules is not None:
+        stmt = stmt.where(b.rule.in_(list(rules)))
+    if after is not None:
+        stmt = stmt.where(tuple_(b.step, b.rule) > tuple_(*after))
+    rows = conn.execute(stmt.order_by(b.step, b.rule).limit(limit))
+    return [
+        BreachRecord(step, rule, revision, at, orjson.loads(breach))
+        for step, rule, revision, at, breach in rows
     ]
 
 

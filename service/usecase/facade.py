@@ -102,6 +102,18 @@ class Service:
         record = self.runs.get(run, refresh=True)
         return query.series(self.store, record, metric, start, end, points)
 
+    def list_breaches(
+        self,
+        run: str,
+        start: int | None = None,
+        end: int | None = None,
+        rules: Sequence[str] = (),
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        record = self.runs.get(run, refresh=True)
+        return query.list_breaches(self.store, record, start, end, rules, limit, cursor)
+
     def sweep(self, now: float | None = None) -> list[FinalisedStep]:
         """Finalise as partial every open step past its deadline."""
         started = time.perf_counter()

@@ -20,10 +20,11 @@ from steptally.service.domain.run import RunRecord, RunSummary, is_run_name
 from steptally.service.errors import (
     InvalidPayload,
     MetricNotFound,
+    RuleNotFound,
     UnknownRun,
     UnknownStep,
 )
-from steptally.service.store.protocol import StepRecord, Store
+from steptally.service.store.protocol import BreachRecord, StepRecord, Store
 
 MAX_PAGE = 1000
 MAX_SERIES = 100_000  # a series without ``points`` is downsampled past this many steps
@@ -180,7 +181,65 @@ def series(
         "values": [_encoded(v, s) for v, s in zip(rows.values, rows.states, strict=True)],
         "status": [s.value for s in rows.status],
         "revision": rows.revision,
+        "breaches": _series_breaches(store, run, metric, start, end),
     }
+
+
+_BREACH_CURSOR = re.compile(r"([0-9]{1,19}):([A-Za-z_][A-Za-z0-9_]{0,127})")
+BREACH_CURSOR_PATTERN = f"^{_BREACH_CURSOR.pattern}$"
+#: a series shows at most this many breaches of its metric (the earliest of its range)
+MAX_SERIES_BREACHES = 10_000
+
+
+def breach_json(record: BreachRecord) -> dict[str, Any]:
+    return {
+        "step": record.step,
+        "revision": record.revision,
+        "finalised_at": timestamp(record.finalised_at),
+        **record.breach,
+    }
+
+
+def list_breaches(
+    store: Store,
+    run: RunRecord,
+    start: int | None,
+    end: int | None,
+    rules: Sequence[str],
+    limit: int,
+    cursor: str | None,
+) -> dict[str, Any]:
+    """A page of the run's breaches in (step, rule) order: each (step, rule) once, as the
+    revision that first broke the rule showed it."""
+    known = {r.name for r in run.spec.alerts}
+    for name in rules:
+        if name not in known:
+            raise RuleNotFound(f"run {run.name!r} has no alert rule {brief(name)}", "rule")
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidPayload(f"limit must be from 1 to {MAX_PAGE}", "limit")
+    after = None
+    if cursor is not None:
+        found = _BREACH_CURSOR.fullmatch(cursor)
+        if found is None:
+            raise InvalidPayload("cursor must be a next_cursor from an earlier page", "cursor")
+        after = (min(int(found[1]), MAX_INT), found[2])
+    records = store.breaches(run, start, end, list(rules) or None, after, limit)
+    more = len(records) == limit
+    last = records[-1] if more else None
+    return {
+        "breaches": [breach_json(r) for r in records],
+        "next_cursor": None if last is None else f"{last.step}:{last.rule}",
+    }
+
+
+def _series_breaches(
+    store: Store, run: RunRecord, metric: str, start: int | None, end: int | None
+) -> list[dict[str, Any]]:
+    rules = [r.name for r in run.spec.alerts if r.metric == metric]
+    if not rules:
+        return []
+    found = store.breaches(run, start, end, rules, None, MAX_SERIES_BREACHES)
+    return [{"step": b.step, "rule": b.rule} for b in found]
 
 
 def _encoded(value: float | None, state: ValueState) -> float | str | None:

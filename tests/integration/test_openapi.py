@@ -24,6 +24,7 @@ ERRORS = {
     ("GET", "/readyz"): {"503"},
     ("GET", "/v1/runs/{run}/steps/{step}"): {"404", "422"},
     ("GET", "/v1/runs/{run}/series/{metric}"): {"404", "422"},
+    ("GET", "/v1/runs/{run}/breaches"): {"404", "422"},
     ("GET", "/v1/runs/{run}/events"): {"404", "422"},
 }
 
@@ -64,6 +65,7 @@ def test_openapi_documents_every_route_and_its_errors(api: Api) -> None:
     series = spec["components"]["schemas"]["SeriesAnswer"]["properties"]
     assert set(series) == {
         "metric", "kind", "total", "downsampled", "steps", "values", "status", "revision",
+        "breaches",
     }  # fmt: skip
 
 
