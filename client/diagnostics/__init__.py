@@ -13,7 +13,8 @@ once per step. Hand both to a :class:`~steptally.client.Reporter`::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch import Tensor
 
@@ -64,6 +65,7 @@ class PolicyDiagnostics:
         fragments: dict[str, Tensor] = policy_fragments(self.config, tensors)
         return fragments
 
-    def metric_spec(self) -> MetricSpec:
-        """The run's metric spec, the aliases included."""
-        return metric_spec(self.config, self.aliases)
+    def metric_spec(self, alerts: Sequence[Mapping[str, Any]] | None = None) -> MetricSpec:
+        """The run's metric spec, the aliases included, with ``alerts`` (None: the
+        :func:`~steptally.client.diagnostics.spec.default_alerts`; ``[]``: none)."""
+        return metric_spec(self.config, self.aliases, alerts)

@@ -7,7 +7,8 @@ ranges over, so a microbatch whose set is empty (its neutral ±inf) counts nowhe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from steptally.client.algebra import MetricSpec
 from steptally.client.diagnostics.config import DiagnosticsConfig
@@ -141,9 +142,39 @@ def derived_expressions(config: DiagnosticsConfig) -> dict[str, str]:
     }
 
 
-def metric_spec(config: DiagnosticsConfig, aliases: Mapping[str, str] | None = None) -> MetricSpec:
+def default_alerts(config: DiagnosticsConfig) -> list[dict[str, Any]]:
+    """The alert rules a run gets unless it names its own: the mean ratio drifting from
+    1, a ratio far off, the clipped share, a reference-KL spike and the share of tokens
+    the ``-inf`` keep mask drops. Starting points for GRPO/PPO runs: pass your own
+    rules to change them (a registered rule never changes meaning)."""
+    kinds = signal_kinds(config)
+    rules: list[dict[str, Any]] = [
+        {"name": "ratio_drift", "metric": M.PROBS_RATIO, "above": 1.1, "below": 0.9},
+        {"name": "ratio_max", "metric": S.PROBS_RATIO_MAX, "above": 10.0},
+    ]
+    if S.CLIPPED_REGION in kinds:
+        rules.append({"name": "clip_fraction", "metric": M.CLIP_RATIO_REGION_MEAN, "above": 0.2})
+    if S.KL_NUM in kinds:
+        # more than twice (or below zero times) the mean of the last 10 steps
+        spike = {"change_above": 1.0, "relative": True, "window": 10}
+        rules.append({"name": "kl_spike", "metric": M.KL, **spike})
+    rules.append({"name": "filtered_token_share", "metric": M.FILTERED_TOKEN_SHARE, "above": 0.1})
+    return [{k: str(v) if k == "metric" else v for k, v in r.items()} for r in rules]
+
+
+def metric_spec(
+    config: DiagnosticsConfig,
+    aliases: Mapping[str, str] | None = None,
+    alerts: Sequence[Mapping[str, Any]] | None = None,
+) -> MetricSpec:
     """The run's metric spec; ``aliases`` adds derived values under a trainer's own names
     (expressions over the signals and metrics, e.g. ``{"pg_clipfrac":
-    "clip_ratio_region_mean"}``)."""
+    "clip_ratio_region_mean"}``); ``alerts`` its alert rules (None: the
+    :func:`default_alerts`; ``[]``: none)."""
     derived = {**derived_expressions(config), **(aliases or {})}
-    return MetricSpec.build(signal_kinds(config), derived, guards=guards(config))
+    return MetricSpec.build(
+        signal_kinds(config),
+        derived,
+        guards=guards(config),
+        alerts=default_alerts(config) if alerts is None else list(alerts),
+    )

@@ -73,6 +73,7 @@ def _count_terms(config: ClippedPGConfig, terms: Terms) -> Rows:
         F.ACTOR_TOKENS: weighted[1],
         F.MISMATCH_TOKENS: weighted[2],
         F.ACTOR_POSITIONS: actor,
+        F.MASK_POSITIONS: full,
         F.FILTERED_CURR_TOKENS: filtered[1],
         F.FILTERED_PREV_TOKENS: filtered[0],
         F.VALID_SEQS: sample,

@@ -9,6 +9,9 @@ float64 tensors on the same device. Nothing in a call syncs with the host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from torch import Tensor
 
 from steptally.client.algebra import MetricSpec
@@ -27,9 +30,10 @@ class ClippedPGLoss:
     def __init__(self, config: ClippedPGConfig | None = None) -> None:
         self.config = config if config is not None else ClippedPGConfig()
 
-    def metric_spec(self) -> MetricSpec:
-        """The metric spec that turns this loss's fragments into exact step values."""
-        return metric_spec(self.config)
+    def metric_spec(self, alerts: Sequence[Mapping[str, Any]] | None = None) -> MetricSpec:
+        """The metric spec that turns this loss's fragments into exact step values, with
+        ``alerts`` (None: :func:`~steptally.client.loss.spec.default_alerts`; ``[]``: none)."""
+        return metric_spec(self.config, alerts)
 
     def _regular(self, inputs: LossInputs | PackedLossInputs) -> LossInputs:
         batch = unpack(inputs) if isinstance(inputs, PackedLossInputs) else inputs

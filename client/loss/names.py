@@ -22,6 +22,7 @@ class Fragment(StrEnum):
     MISMATCH_TOKENS = "mismatch_tokens"
     CORRECT_TOKENS = "correct_tokens"
     ACTOR_POSITIONS = "actor_positions"
+    MASK_POSITIONS = "mask_positions"  # every position of the token mask
     FILTERED_CURR_TOKENS = "filtered_curr_tokens"
     FILTERED_PREV_TOKENS = "filtered_prev_tokens"
     # additive numerators
@@ -61,6 +62,7 @@ class Diagnostic(StrEnum):
     SAMPLING_IMPORTANCE_RATIO = "sampling_importance_ratio"
     IS_OOB_RATIO = "is_oob_ratio"
     NUM_VALID_SAMPLES = "num_valid_samples"
+    FILTERED_TOKEN_SHARE = "filtered_token_share"  # mask positions the actor side drops
 
 
 F, D = Fragment, Diagnostic

@@ -21,6 +21,9 @@ plain strings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from steptally.client.algebra import MetricSpec
 from steptally.client.loss.config import ClippedPGConfig
 from steptally.client.loss.names import MISMATCH, NUMERATOR, Diagnostic, Fragment
@@ -35,7 +38,7 @@ EXTREMES: dict[str, str] = {
 }
 EXTREME_COMPANIONS: dict[str, str] = {str(name): str(F.ACTOR_POSITIONS) for name in EXTREMES}
 
-COUNTS = (F.ACTOR_POSITIONS, F.FILTERED_CURR_TOKENS, F.FILTERED_PREV_TOKENS)
+COUNTS = (F.ACTOR_POSITIONS, F.MASK_POSITIONS, F.FILTERED_CURR_TOKENS, F.FILTERED_PREV_TOKENS)
 WEIGHTS = (F.VALID_TOKENS, F.VALID_SEQS, F.ACTOR_TOKENS, F.MISMATCH_TOKENS)
 ACTOR_MEANS = (D.PROBS_RATIO, D.PROBS_RATIO_CLAMPED, D.APPROX_ENTROPY)
 MISMATCH_MEANS = MISMATCH
@@ -97,11 +100,40 @@ def derived_expressions(config: ClippedPGConfig) -> dict[str, str]:
         loss += f" + {config.positive_example_nll_weight!r} * {D.POSITIVE_NLL_LOSS}"
     derived[D.LOSS] = loss
     derived[D.NUM_VALID_SAMPLES] = str(F.VALID_SEQS)
+    derived[D.FILTERED_TOKEN_SHARE] = (
+        f"({F.MASK_POSITIONS} - {F.ACTOR_POSITIONS}) / {F.MASK_POSITIONS}"
+    )
     return {str(name): expression for name, expression in derived.items()}
 
 
-def metric_spec(config: ClippedPGConfig) -> MetricSpec:
-    """The run's metric spec for the loss under ``config``."""
+def default_alerts(config: ClippedPGConfig) -> list[dict[str, Any]]:
+    """The alert rules a run of the loss gets unless it names its own: the mean ratio
+    drifting from 1, a ratio far off, the generation/policy KL, a KL penalty spike, the
+    share of tokens the ``-inf`` keep mask drops, and a non-finite loss. The thresholds
+    are starting points for GRPO/PPO runs: pass your own rules to change them (a
+    registered rule never changes meaning; a new name adds one)."""
+    rules: list[dict[str, Any]] = [
+        {"name": "ratio_drift", "metric": D.PROBS_RATIO, "above": 1.1, "below": 0.9},
+        {"name": "ratio_max", "metric": F.PROBS_RATIO_MAX, "above": 10.0},
+        {"name": "generation_kl", "metric": D.GEN_KL_ERROR, "above": 0.05},
+        {"name": "filtered_token_share", "metric": D.FILTERED_TOKEN_SHARE, "above": 0.1},
+        {"name": "loss_non_finite", "metric": D.LOSS, "non_finite": True},
+    ]
+    if config.kl_enabled:
+        # more than twice (or below zero times) the mean of the last 10 steps
+        spike = {"change_above": 1.0, "relative": True, "window": 10}
+        rules.insert(3, {"name": "kl_spike", "metric": D.KL_PENALTY, **spike})
+    return [{k: str(v) if k == "metric" else v for k, v in r.items()} for r in rules]
+
+
+def metric_spec(
+    config: ClippedPGConfig, alerts: Sequence[Mapping[str, Any]] | None = None
+) -> MetricSpec:
+    """The run's metric spec for the loss under ``config``, with ``alerts`` (None: the
+    :func:`default_alerts`; ``[]``: none)."""
     return MetricSpec.build(
-        fragment_kinds(config), derived_expressions(config), guards=EXTREME_COMPANIONS
+        fragment_kinds(config),
+        derived_expressions(config),
+        guards=EXTREME_COMPANIONS,
+        alerts=default_alerts(config) if alerts is None else list(alerts),
     )

@@ -85,6 +85,7 @@ class RunAnswer(_Answer):
     last_finalised_step: int | None
     last_finalised_at: str | None = Field(description="when the latest finalisation happened")
     steps: StepCounts
+    breaches: dict[str, int] = Field(description="steps that broke each alert rule")
 
 
 class RunPage(_Answer):

@@ -61,6 +61,7 @@ class RunSummary:
     complete: int
     partial: int
     last_finalised_at: float | None = None
+    breaches: Mapping[str, int] = field(default_factory=dict)  # steps per alert rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,9 @@ class RunSnapshot:
     active_at: float = field(default=0.0, compare=False)
     # steps that broke each alert rule of the run (every rule, 0 included)
     breaches: Mapping[str, int] = field(default_factory=dict)
+    # the lowest open step: when it was first seen, and how many ranks it still misses
+    open_since: float | None = None
+    open_missing_ranks: int | None = None
 
 
 def is_run_name(name: str) -> bool:

@@ -7,13 +7,25 @@ backlog of open, partial and missing.
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.dashboard import AnnotationQuery, Dashboard, Row
 
 from steptally.service.grafana import variable
+from steptally.service.grafana.datasource import POSTGRES, SqlQuery
 from steptally.service.grafana.prometheus_panel import figure, graph
 
 UID = "steptally-live"
 RUN = 'run=~"$run"'
+# Grafana's annotation query on PostgreSQL: time in ms, text, tags (a comma list)
+BREACH_ANNOTATIONS_SQL = """\
+SELECT b.finalised_at * 1000 AS time,
+       r.name || ' step ' || b.step || ': ' || b.rule || ' (' ||
+         coalesce(b.breach::jsonb ->> 'metric', 'missing ranks') || ' = ' ||
+         (b.breach::jsonb ->> 'value') || ')' AS text,
+       r.name || ',' || b.rule AS tags
+FROM breaches b
+JOIN runs r ON r.id = b.run_id
+WHERE r.name ~ '^${run:regex}$' AND $__unixEpochFilter(b.finalised_at)
+ORDER BY b.finalised_at, r.name, b.step, b.rule"""
 
 
 def gauge(name: str, by: str = "run", match: str = RUN) -> str:
@@ -51,6 +63,17 @@ def _values_row(dashboard: Dashboard) -> Dashboard:
         .with_panel(graph("Fragments stored per second", "ops", (fragments, "{{run}}")))
         .with_panel(
             graph(
+                "Alert breaches",
+                "none",
+                (
+                    "max by (run, rule) (increase(steptally_alert_breaches_total"
+                    f"{{{RUN}}}[$__rate_interval]))",
+                    "{{run}} {{rule}}",
+                ),
+            ).span(24)
+        )
+        .with_panel(
+            graph(
                 "Partial steps and missing ranks",
                 "none",
                 (gauge("steptally_partial_steps"), "{{run}} partial steps"),
@@ -70,5 +93,20 @@ def dashboard() -> Dashboard:
         .timezone("utc")
         .with_variable(variable.prometheus_run())
         .with_variable(variable.prometheus_metric())
+        .annotation(breach_annotations())
     )
     return _values_row(_progress_row(board))
+
+
+def breach_annotations() -> AnnotationQuery:
+    """Every alert breach of the selected runs, at the time its step was finalised."""
+    # Grafana's SQL datasources read an annotation's query from its target, as a panel's
+    target = SqlQuery(BREACH_ANNOTATIONS_SQL, ref_id="Anno")
+    return (
+        AnnotationQuery()
+        .name("Alert breaches")
+        .datasource(POSTGRES)
+        .enable(True)
+        .icon_color("red")
+        .target(target)  # type: ignore[arg-type]
+    )

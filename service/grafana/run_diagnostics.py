@@ -10,10 +10,12 @@ The SQL keeps at most ``2 × $points`` ordinary steps per metric: the range of s
 is cut into ``$points`` buckets and each keeps its step of least and of greatest
 value, so a spike is never averaged away; every partial step, every revised step
 and every NaN, infinite or undefined value is kept besides. Partial and revised
-steps are marked: the query repeats their value in the columns ``partial`` and
-``revised``, drawn as points over the line (Grafana's annotations are placed by
-time and would not line up with a step axis). Two tables count the steps by
-status and list the partial and revised steps with the ranks each was missing.
+steps are marked, and so is every step that broke an alert rule on the metric: the
+query repeats their value in the columns ``partial``, ``revised`` and ``breach``,
+drawn as points over the line (Grafana's annotations are placed by time and would
+not line up with a step axis; the live dashboard has them as annotations). Tables
+count the steps by status, list the partial and revised steps with the ranks each
+was missing, and list the alert breaches.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ DEFAULT_POINTS = "1000"
 VALUES_SQL = """\
 WITH v AS (
   SELECT sv.step, sv.value, s.status, s.revision,
+         EXISTS (SELECT 1 FROM breaches b
+                 WHERE b.run_id = sv.run_id AND b.step = sv.step
+                   AND b.breach::jsonb ->> 'metric' = m.name) AS breached,
          min(sv.step) OVER () AS first_step, max(sv.step) OVER () AS last_step
   FROM step_values sv
   JOIN runs r ON r.id = sv.run_id
@@ -49,11 +54,24 @@ WITH v AS (
 )
 SELECT step, value,
        CASE WHEN status = 'partial' THEN value END AS partial,
-       CASE WHEN revision > 1 THEN value END AS revised
+       CASE WHEN revision > 1 THEN value END AS revised,
+       CASE WHEN breached THEN value END AS breach
 FROM b
-WHERE low = 1 OR high = 1 OR status = 'partial' OR revision > 1
+WHERE low = 1 OR high = 1 OR status = 'partial' OR revision > 1 OR breached
    OR value IS NULL OR abs(value) = 'Infinity'
 ORDER BY step"""
+
+BREACHES_SQL = """\
+SELECT b.step, b.rule, b.breach::jsonb ->> 'condition' AS condition,
+       coalesce(b.breach::jsonb ->> 'metric', 'ranks') AS metric,
+       b.breach::jsonb ->> 'value' AS value,
+       b.breach::jsonb ->> 'threshold' AS threshold,
+       b.breach::jsonb ->> 'mean' AS mean,
+       b.revision, to_timestamp(b.finalised_at) AS finalised_at
+FROM breaches b
+JOIN runs r ON r.id = b.run_id
+WHERE r.name = '$run'
+ORDER BY b.step, b.rule"""
 
 STATUS_SQL = """\
 SELECT s.status, count(*) AS steps, count(*) FILTER (WHERE s.revision > 1) AS revised
@@ -88,7 +106,10 @@ def values_panel() -> trend.Panel:
     return (
         trend.Panel()
         .title("$metric by step")
-        .description("Finalised values by step; partial steps red, revised steps orange.")
+        .description(
+            "Finalised values by step; partial steps red, revised steps orange, steps that "
+            "broke an alert rule on the metric purple."
+        )
         .datasource(POSTGRES)
         .with_target(SqlQuery(VALUES_SQL))
         .x_field("step")
@@ -97,6 +118,7 @@ def values_panel() -> trend.Panel:
         .span_nulls(False)
         .override_by_name("partial", _marker("red"))
         .override_by_name("revised", _marker("orange"))
+        .override_by_name("breach", _marker("purple"))
         .repeat("metric")
         .repeat_direction("h")
         .height(8)
@@ -128,6 +150,21 @@ def flagged_panel() -> table.Panel:
     )
 
 
+def breaches_panel() -> table.Panel:
+    return (
+        table.Panel()
+        .title("Alert breaches")
+        .description(
+            "Every step that broke one of the run's alert rules, once per rule, as the "
+            "revision that first broke it showed it (values as the API writes them)."
+        )
+        .datasource(POSTGRES)
+        .with_target(SqlQuery(BREACHES_SQL))
+        .height(8)
+        .span(24)
+    )
+
+
 def points_variable() -> CustomVariable:
     return (
         CustomVariable("points")
@@ -150,6 +187,7 @@ def dashboard() -> Dashboard:
         .with_row(Row("Steps needing attention"))
         .with_panel(status_panel())
         .with_panel(flagged_panel())
+        .with_panel(breaches_panel())
         .with_row(Row("Values by step"))
         .with_panel(values_panel())
     )

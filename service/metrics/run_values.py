@@ -11,6 +11,9 @@ run and the backlog of open and partial steps) and yields:
 * ``steptally_open_steps{run}``, ``steptally_partial_steps{run}`` and
   ``steptally_missing_ranks{run}`` (summed over the partial steps);
 * ``steptally_world_size{run}``;
+* ``steptally_oldest_open_step_age_seconds{run}`` and
+  ``steptally_oldest_open_step_missing_ranks{run}`` — how long the run's lowest open
+  step has waited and how many ranks it still misses (only while a step is open);
 * ``steptally_alert_breaches_total{run, rule}`` — the steps that broke each alert rule
   of the run, every rule exported from 0 (so that ``increase()`` sees the first one),
   read from the store: every replica shows the same count.
@@ -102,3 +105,20 @@ class RunValueCollector(Collector):
             for rule, n in sorted(run.breaches.items()):
                 breaches.add_metric([run.run, rule], float(n))
         yield breaches
+        now = self._clock()
+        age = GaugeMetricFamily(
+            "steptally_oldest_open_step_age_seconds",
+            "Seconds since the run's lowest open step was first seen.",
+            labels=["run"],
+        )
+        missing = GaugeMetricFamily(
+            "steptally_oldest_open_step_missing_ranks",
+            "Ranks that have not committed the run's lowest open step.",
+            labels=["run"],
+        )
+        for run in runs:
+            if run.open_since is not None and run.open_missing_ranks is not None:
+                age.add_metric([run.run], max(0.0, now - run.open_since))
+                missing.add_metric([run.run], float(run.open_missing_ranks))
+        yield age
+        yield missing

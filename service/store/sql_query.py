@@ -114,13 +114,20 @@ def summaries(conn: Connection, runs: list[RunRecord]) -> list[RunSummary]:
     ids = [run.id for run in runs]
     counts = _status_counts(conn, ids) if ids else {}
     last_at = _last_finalised_at(conn, ids) if ids else {}
+    broken = _breach_counts(conn, [run.id for run in runs if run.spec.alerts])
     out = []
     for run in runs:
         mine = counts.get(run.id, {})
         n = {s.value: mine.get(s.value, (0, 0, None))[0] for s in StepStatus}
         out.append(
             RunSummary(
-                run, _last_final(mine), n["open"], n["complete"], n["partial"], last_at.get(run.id)
+                run,
+                _last_final(mine),
+                n["open"],
+                n["complete"],
+                n["partial"],
+                last_at.get(run.id),
+                {r.name: broken.get((run.id, r.name), 0) for r in run.spec.alerts},
             )
         )
     return out
@@ -138,14 +145,35 @@ def snapshot(conn: Connection, runs: list[RunRecord]) -> list[RunSnapshot]:
         rows = {r.run_id: r for r in conn.execute(stmt)}
     last_at = _last_finalised_at(conn, [run.id for run in runs]) if runs else {}
     broken = _breach_counts(conn, [run.id for run in runs if run.spec.alerts])
+    oldest = _oldest_open(conn)
     return [
         replace(
             _snapshot(run, last[run.id], rows.get(run.id), counts.get(run.id, {})),
             active_at=max(run.created_at, last_at.get(run.id, 0.0)),
             breaches={r.name: broken.get((run.id, r.name), 0) for r in run.spec.alerts},
+            open_since=oldest.get(run.id, (None, None))[0],
+            open_missing_ranks=oldest.get(run.id, (None, None))[1],
         )
         for run in runs
     ]
+
+
+def _oldest_open(conn: Connection) -> dict[int, tuple[float, int]]:
+    """Per run with open steps: its lowest open step's first sight and missing ranks
+    (``ix_steps_run_status``)."""
+    c = STEPS.c
+    lowest = (
+        select(c.run_id, func.min(c.step).label("step"))
+        .where(c.status == StepStatus.OPEN.value)
+        .group_by(c.run_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(c.run_id, c.first_seen_at, c.missing_ranks).join(
+            lowest, (c.run_id == lowest.c.run_id) & (c.step == lowest.c.step)
+        )
+    )
+    return {run_id: (seen, missing) for run_id, seen, missing in rows}
 
 
 def breaches(

@@ -49,6 +49,7 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
         "last_finalised_step": summary.last_finalised_step,
         "last_finalised_at": timestamp(summary.last_finalised_at),
         "steps": {"open": summary.open, "complete": summary.complete, "partial": summary.partial},
+        "breaches": dict(summary.breaches),
     }
 
 

@@ -6,9 +6,10 @@ import json
 
 from playwright.sync_api import Page
 
-# the columns of a chart's uPlot data: x, the run's line, partial, revised and non-finite
-# markers, then one line per overlaid run
-PARTIAL_MARKERS, REVISED_MARKERS, NON_FINITE_MARKERS, FIRST_OVERLAY = 2, 3, 4, 5
+# the columns of a chart's uPlot data: x, the run's line, partial, revised, non-finite and
+# alert-breach markers, then one line per overlaid run
+PARTIAL_MARKERS, REVISED_MARKERS, NON_FINITE_MARKERS, BREACH_MARKERS = 2, 3, 4, 5
+FIRST_OVERLAY = 6
 
 
 def marked_steps(page: Page, metric: str, column: int) -> list[int]:

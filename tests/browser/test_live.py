@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from browser.page_state import (
+    BREACH_MARKERS,
     PARTIAL_MARKERS,
     REVISED_MARKERS,
     column,
@@ -58,3 +61,32 @@ def test_steps_posted_while_the_page_is_open_appear_without_a_reload(
     expect(summary).to_contain_text("6 complete · 0 partial · 0 open · last step 5")
     assert page.evaluate("window.sameDocument") is True
     assert len(series_requests) == fetched
+
+
+def test_alert_breaches_are_ringed_counted_and_explained_live(page: Page, seed: Seeder) -> None:
+    rules = [
+        {"name": "ratio_max_high", "metric": "ratio_max", "above": 3.5},
+        {"name": "ranks", "missing_ranks_above": 0},
+    ]
+    seed.run("alerty", 2, **SPEC, alerts=rules)
+    seed.steps("alerty", range(6), 2, wave)  # ratio_max is 1 + step: steps 3, 4, 5 breach
+    page.goto("/runs/alerty")
+    expect(page.locator("body")).to_have_attribute("data-live", "open")
+    card = page.locator('.card[data-metric="ratio_max"]')
+    expect(card).to_have_attribute("data-state", "ready")
+    assert marked_steps(page, "ratio_max", BREACH_MARKERS) == [3, 4, 5]
+    assert column(page, "ratio_max", BREACH_MARKERS)[3:] == [4.0, 5.0, 6.0]  # on the points
+    assert marked_steps(page, "probs_ratio", BREACH_MARKERS) == []  # no rule on it
+    pill = page.locator('.alert-rule[data-rule="ratio_max_high"]')
+    expect(pill).to_have_attribute("data-count", "3")
+    expect(pill).to_have_class(re.compile(r"\bbroken\b"))
+    expect(page.locator('.alert-rule[data-rule="ranks"]')).to_have_attribute("data-count", "0")
+    expect(card.locator(".card-foot")).to_contain_text("3 breaching")
+
+    seed.steps("alerty", range(6, 7), 2, wave)  # arrives over the event stream
+    wait_for_marked(page, "ratio_max", BREACH_MARKERS, [3, 4, 5, 6])
+    expect(pill).to_have_attribute("data-count", "4")
+    page.evaluate("steptally.select(6)")
+    row = page.locator('#detail-breaches tr[data-rule="ratio_max_high"]')
+    expect(row).to_contain_text("7")  # the value checked: 1 + 6
+    expect(row).to_contain_text("> 3.5")

@@ -2,7 +2,8 @@
 scraping a real ``steptally serve`` with seeded data: each returns data.
 
 The service holds one run with a complete step, a duplicate, a rejected
-(conflicting) batch and a partial step, so every series a panel reads exists.
+(conflicting) batch and a partial step that breaks an alert rule, so every series a
+panel reads exists.
 The template variables take the seeded run and two of its metrics; Grafana's
 ``$__rate_interval`` becomes 15 s (the scrape interval is 1 s).
 """
@@ -27,6 +28,7 @@ SPEC = {
     "step_timeout_s": 1.0,
     "metrics": {"num": "sum", "tokens": "count"},
     "derived": {"mean": "num / tokens"},
+    "alerts": [{"name": "mean_high", "metric": "mean", "above": 3.0}],
 }
 VALUES = {"run": ["grpo"], "metric": ["mean", "num"]}
 
@@ -101,6 +103,9 @@ def _latest_values_and_backlog_are_exact(seeded: Prometheus) -> None:
     rejected = 'sum by (code) (steptally_requests_rejected_total{code="fragment_conflict"})'
     assert seeded.value(rejected) == 1.0
     errors = 'steptally_http_request_duration_seconds_count{status=~"4..|5.."}'
+    # the partial step 1's mean (4) broke mean_high: one breach, whatever the replicas
+    breaches = "max by (run, rule) (steptally_alert_breaches_total)"
+    assert seeded.value(breaches) == 1.0
     routes = {(s["metric"]["route"], s["metric"]["status"]) for s in seeded.query(errors)}
     assert routes == {("/v1/runs/{run}/fragments", "409"), ("/v1/runs/{run}/steps/{step}", "404")}
 

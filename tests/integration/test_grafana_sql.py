@@ -3,7 +3,8 @@ PostgreSQL migrated with Alembic, with runs seeded through the service: exact ro
 
 Run ``grpo`` has a complete step, a partial step (rank 1 missing), a step
 finalised partial and then complete at revision 2, an undefined mean (0 / 0) and
-a NaN; run ``long`` has twenty steps with a spike up and one down, to check that
+a NaN, and alert rules that the partial steps, the revised step's mean and the NaN
+break; run ``long`` has twenty steps with a spike up and one down, to check that
 the bucketing keeps the least and greatest value of every bucket.
 """
 
@@ -32,7 +33,14 @@ def db_url(postgres_url: str, empty_database: Any) -> str:
 
 @pytest.fixture
 def seeded(api: Api, app: Any, clock: Any, db_url: str) -> Iterator[sa.Engine]:
-    api.register("grpo", world_size=2, derived={"mean": "a / n"}, step_timeout_s=10)
+    rules = [
+        {"name": "mean_high", "metric": "mean", "above": 2.5},
+        {"name": "mean_nan", "metric": "mean", "non_finite": True},
+        {"name": "ranks", "missing_ranks_above": 0},
+    ]
+    grpo = {"world_size": 2, "metrics": {"a": "sum", "n": "count"}, "derived": {"mean": "a / n"}}
+    body = {"name": "grpo", **grpo, "step_timeout_s": 10, "alerts": rules}
+    assert api.client.post("/v1/runs", json=body).status_code == 201
     api.register("other", world_size=1, metrics={"x": "max"})
     api.register("long", world_size=1, metrics={"a": "sum"})
     both = [(0, 0, 1), (0, 1, 1)]
@@ -81,7 +89,13 @@ def _values(engine: sa.Engine, run: str, metric: str, points: str) -> list[tuple
 
 def test_every_sql_query_is_a_panel_or_variable_checked_here() -> None:
     titles = sorted(title for _, title, *_ in grafana.targets(grafana.POSTGRES))
-    assert titles == ["$metric by step", "Partial and revised steps", "Steps by status"]
+    assert titles == [
+        "$metric by step",
+        "Alert breaches",
+        "Partial and revised steps",
+        "Steps by status",
+    ]
+    assert [a["name"] for _, a, _ in grafana.annotations(grafana.POSTGRES)] == ["Alert breaches"]
     names = sorted(v["name"] for _, v, _ in grafana.query_variables(grafana.POSTGRES))
     assert names == ["metric", "run"]
 
@@ -98,28 +112,28 @@ def test_values_by_step_with_partial_and_revised_marked(seeded: sa.Engine) -> No
     for points in ("1000", "2"):  # with 2 buckets, step 1 stays only for being partial
         mean = _values(seeded, "grpo", "mean", points)
         assert mean == [
-            (0, 1.5, None, None),
-            (1, 2.0, 2.0, None),
-            (2, 3.0, None, 3.0),
-            (3, None, None, None),  # 0 / 0: undefined
-            (4, None, None, None),  # NaN
+            (0, 1.5, None, None, None),
+            (1, 2.0, 2.0, None, None),  # its rank breach is on no metric
+            (2, 3.0, None, 3.0, 3.0),  # revision 2 broke mean_high
+            (3, None, None, None, None),  # 0 / 0: undefined
+            (4, None, None, None, None),  # NaN: broke mean_nan, drawn as a gap
         ], points
     a = _values(seeded, "grpo", "a", "1000")
     assert a == [
-        (0, 3.0, None, None),
-        (1, 4.0, 4.0, None),
-        (2, 6.0, None, 6.0),
-        (3, 0.0, None, None),
-        (4, None, None, None),
+        (0, 3.0, None, None, None),
+        (1, 4.0, 4.0, None, None),
+        (2, 6.0, None, 6.0, None),  # no rule on a
+        (3, 0.0, None, None, None),
+        (4, None, None, None, None),
     ]
 
 
 def test_buckets_keep_each_least_and_greatest_value(seeded: sa.Engine) -> None:
     assert _values(seeded, "long", "a", "2") == [
-        (0, 0.0, None, None),
-        (7, 100.0, None, None),
-        (12, -50.0, None, None),
-        (19, 19.0, None, None),
+        (0, 0.0, None, None, None),
+        (7, 100.0, None, None, None),
+        (12, -50.0, None, None, None),
+        (19, 19.0, None, None, None),
     ]
     assert len(_values(seeded, "long", "a", "1000")) == 20
     assert _values(seeded, "grpo", "no-such-metric", "1000") == []
@@ -139,3 +153,31 @@ def test_steps_by_status(seeded: sa.Engine, api: Api) -> None:
     rows = _rows(seeded, grafana.sql(text, board, {"run": ["grpo"]}))
     assert rows == [("complete", 4, 1), ("open", 1, 0), ("partial", 1, 0)]
     assert _rows(seeded, grafana.sql(text, board, {"run": ["long"]})) == [("complete", 20, 0)]
+
+
+def test_alert_breaches_table_and_annotations(seeded: sa.Engine) -> None:
+    text, board = _panel_sql("Alert breaches")
+    rows = _rows(seeded, grafana.sql(text, board, {"run": ["grpo"]}))
+    at = {s: datetime.fromtimestamp(T0 + s, tz=UTC) for s in (0, 10, 15)}
+    assert rows == [
+        (1, "ranks", "missing_ranks_above", "ranks", "1.0", "0", None, 1, at[10]),
+        (2, "mean_high", "above", "mean", "3.0", "2.5", None, 2, at[15]),
+        (2, "ranks", "missing_ranks_above", "ranks", "1.0", "0", None, 1, at[10]),
+        (4, "mean_nan", "non_finite", "mean", "NaN", None, None, 1, at[0]),
+    ]
+    assert _rows(seeded, grafana.sql(text, board, {"run": ["long"]})) == []
+
+    ((_, annotation, live),) = grafana.annotations(grafana.POSTGRES)
+    query = annotation["target"]["rawSql"]
+    window = (T0 - 60, T0 + 60)
+    for chosen in (["grpo"], ["$__all"], ["grpo", "other"]):
+        found = _rows(seeded, grafana.sql(query, live, {"run": chosen}, window))
+        assert found == [
+            ((T0 + 0) * 1000, "grpo step 4: mean_nan (mean = NaN)", "grpo,mean_nan"),
+            ((T0 + 10) * 1000, "grpo step 1: ranks (missing ranks = 1.0)", "grpo,ranks"),
+            ((T0 + 10) * 1000, "grpo step 2: ranks (missing ranks = 1.0)", "grpo,ranks"),
+            ((T0 + 15) * 1000, "grpo step 2: mean_high (mean = 3.0)", "grpo,mean_high"),
+        ], chosen
+    assert _rows(seeded, grafana.sql(query, live, {"run": ["other"]}, window)) == []
+    early = (T0 - 60, T0 + 5)  # the dashboard's time range filters them
+    assert len(_rows(seeded, grafana.sql(query, live, {"run": ["grpo"]}, early))) == 1

@@ -325,7 +325,9 @@ def count_positions(b: Batch, m: Masks, ref: Reference, nll: bool) -> None:
     counts = ref.counts
     for name in (F.VALID_TOKENS, F.ACTOR_TOKENS, F.MISMATCH_TOKENS, F.CORRECT_TOKENS):
         counts[name] = Fraction(0)
-    for name in (F.ACTOR_POSITIONS, F.FILTERED_CURR_TOKENS, F.FILTERED_PREV_TOKENS):
+    for name in (
+        F.ACTOR_POSITIONS, F.MASK_POSITIONS, F.FILTERED_CURR_TOKENS, F.FILTERED_PREV_TOKENS,
+    ):  # fmt: skip
         counts[name] = Fraction(0)
     counts[F.VALID_SEQS] = sum((Fraction(s) for s in b.sample), Fraction(0))
     for i, row in enumerate(m.full):
@@ -337,6 +339,7 @@ def count_positions(b: Batch, m: Masks, ref: Reference, nll: bool) -> None:
             counts[F.CORRECT_TOKENS] += w if b.reward[i] > 0 else 0
             counts[F.ACTOR_TOKENS] += w if m.actor[i][t] else 0
             counts[F.ACTOR_POSITIONS] += 1 if m.actor[i][t] else 0
+            counts[F.MASK_POSITIONS] += 1
             counts[F.MISMATCH_TOKENS] += w if m.mismatch[i][t] else 0
             counts[F.FILTERED_CURR_TOKENS] += 0 if m.keep_curr[i][t] else 1
             counts[F.FILTERED_PREV_TOKENS] += 0 if m.keep_prev[i][t] else 1
@@ -470,4 +473,7 @@ def expected_values(config: ClippedPGConfig, ref: Reference) -> dict[str, Expect
     means[D.LOSS] = (total, tol + REL * abs(float(total)))
     out.update({name: Expected(float(v), tol) for name, (v, tol) in means.items()})
     out[D.NUM_VALID_SAMPLES] = Expected(float(c[F.VALID_SEQS]), 0.0)
+    if c[F.MASK_POSITIONS]:  # exact integers, divided once
+        share = (c[F.MASK_POSITIONS] - c[F.ACTOR_POSITIONS]) / c[F.MASK_POSITIONS]
+        out[D.FILTERED_TOKEN_SHARE] = Expected(float(share), 0.0)
     return out

@@ -111,6 +111,7 @@ export class MetricChart {
     ];
     if (partial) parts.push(`${partial} partial`);
     if (revised) parts.push(`${revised} revised`);
+    if (p.breaches.size) parts.push(`${p.breaches.size} breaching`);
     const missing = this.page.view().overlay.filter((r) => !this.overlays.some((o) => o.run === r));
     if (missing.length) parts.push(`no ${this.metric} in ${missing.join(", ")}`);
     this.foot.textContent = parts.join(" · ");
@@ -163,6 +164,7 @@ export class MetricChart {
         markers("partial", "#f59e0b", "#92400e", 8),
         markers("revised", "#ffffff", "#7c3aed", 9),
         markers("non-finite", "#dc2626", "#7f1d1d", 7),
+        markers("breach", "rgba(0,0,0,0)", "#dc2626", 15),
         ...overlays,
       ],
       hooks: {
@@ -190,6 +192,8 @@ export class MetricChart {
       parts.push(el("b", { class: "exact" }, exact(point.value)));
       if (point.status === "partial") parts.push("partial");
       if (point.revision > 1) parts.push(`rev ${point.revision}`);
+      if (point.breaches.length)
+        parts.push(el("span", { class: "breach" }, `⚠ ${point.breaches.join(", ")}`));
     }
     this.readout.append(...parts.flatMap((p, k) => (k ? [" ", p] : [p])));
     this.overlays.forEach((o, k) => {
@@ -237,7 +241,14 @@ export class MetricChart {
       return;
     const metric = step.metrics?.[this.metric];
     if (!metric) return;
-    const changed = this.primary.upsert(step.step, metric.value, step.status, step.revision);
+    const rules = (step.breaches ?? []).filter((b) => b.metric === this.metric).map((b) => b.rule);
+    const changed = this.primary.upsert(
+      step.step,
+      metric.value,
+      step.status,
+      step.revision,
+      rules,
+    );
     if (changed && redraw) this.scheduleDraw();
   }
 

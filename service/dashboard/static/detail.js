@@ -85,6 +85,7 @@ export class StepDetail {
     this.panel.replaceChildren(
       this.head(`Step ${s.step}`, s.status),
       facts,
+      ...this.breaches(s),
       el("h4", {}, "Values"),
       this.values(s),
       el("h4", {}, "Ranks"),
@@ -92,6 +93,32 @@ export class StepDetail {
     );
     this.panel.dataset.state = "ready";
     this.panel.dataset.revision = String(s.revision);
+  }
+
+  // The alert rules this revision broke, each with what it checked.
+  breaches(s) {
+    const found = s.breaches ?? [];
+    if (!found.length) return [];
+    const rows = found.map((b) => {
+      const against =
+        b.condition === "change_above"
+          ? `|value − mean ${exact(b.mean)}| > ${exact(b.threshold)}`
+          : b.condition === "non_finite"
+            ? "not finite"
+            : `${b.condition.replace("missing_ranks_above", "missing ranks >").replace("above", ">").replace("below", "<")} ${exact(b.threshold)}`;
+      return el(
+        "tr",
+        { dataset: { rule: b.rule } },
+        el("td", { class: "mono" }, b.rule),
+        el("td", { class: "mono muted" }, b.metric ?? "ranks"),
+        el("td", { class: "value" }, exact(b.value)),
+        el("td", { class: "muted" }, against),
+      );
+    });
+    return [
+      el("h4", { class: "breach" }, `Alerts broken (${found.length})`),
+      el("table", { class: "breaches", id: "detail-breaches" }, el("tbody", {}, ...rows)),
+    ];
   }
 
   values(s) {

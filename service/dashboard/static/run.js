@@ -60,7 +60,31 @@ class RunPage {
     else if (e.key === "ArrowRight") this.select(this.state.step + 1);
   }
 
+  // The run's alert rules and how many steps broke each (from the run's answer).
+  showAlerts(info) {
+    const rules = info.alerts ?? [];
+    const box = $("alerts");
+    box.hidden = !rules.length;
+    const counts = info.breaches ?? {};
+    box.replaceChildren(
+      el("span", { class: "muted" }, "alerts"),
+      ...rules.map((r) => {
+        const n = counts[r.name] ?? 0;
+        return el(
+          "span",
+          {
+            class: `alert-rule${n ? " broken" : ""}`,
+            dataset: { rule: r.name, count: String(n) },
+            title: JSON.stringify(r),
+          },
+          `${r.name} ${integer(n)}`,
+        );
+      }),
+    );
+  }
+
   summarise(info) {
+    this.showAlerts(info);
     const s = info.steps;
     const last = info.last_finalised_step;
     const at = info.last_finalised_at ? ` ${when(info.last_finalised_at)}` : "";
@@ -183,12 +207,16 @@ class RunPage {
       info.last_finalised_at = step.finalised_at;
     }
     this.summarise(info);
-    if (this.summaryTimer) return;
+    // a breach settles the counts within a second; otherwise every 30 s at most
+    const soon = (step.breaches ?? []).length > 0;
+    if (this.summaryTimer && !(soon && this.summaryDelay > 1000)) return;
+    clearTimeout(this.summaryTimer);
+    this.summaryDelay = soon ? 1000 : 30_000;
     this.summaryTimer = setTimeout(async () => {
       this.summaryTimer = null;
       this.info = { ...this.info, ...(await getRun(this.run)) };
       this.summarise(this.info);
-    }, 30_000);
+    }, this.summaryDelay);
   }
 
   resized() {

@@ -12,6 +12,15 @@ export class RunSeries {
     this.revision = body.revision.slice();
     this.total = body.total;
     this.downsampled = body.downsampled;
+    // step -> the alert rules on this metric that the step broke
+    this.breaches = new Map();
+    for (const b of body.breaches ?? []) this.breach(b.step, b.rule);
+  }
+
+  breach(step, rule) {
+    const rules = this.breaches.get(step) ?? [];
+    if (!rules.includes(rule)) rules.push(rule);
+    this.breaches.set(step, rules);
   }
 
   // The index of `step`, or -(insertion point) - 1 when absent.
@@ -31,11 +40,19 @@ export class RunSeries {
   at(step) {
     const i = this.find(step);
     if (i < 0) return null;
-    return { step, value: this.values[i], status: this.status[i], revision: this.revision[i] };
+    return {
+      step,
+      value: this.values[i],
+      status: this.status[i],
+      revision: this.revision[i],
+      breaches: this.breaches.get(step) ?? [],
+    };
   }
 
   // A finalised step from the event stream: replace it (a newer revision) or insert it.
-  upsert(step, value, status, revision) {
+  // A rule broken once stays marked (as GET …/breaches keeps it), whatever later revisions say.
+  upsert(step, value, status, revision, rules = []) {
+    for (const rule of rules) this.breach(step, rule);
     const i = this.find(step);
     if (i >= 0) {
       if (revision < this.revision[i]) return false;
@@ -54,9 +71,10 @@ export class RunSeries {
   }
 }
 
-// uPlot columns: x, the primary line, its partial, revised and non-finite markers, then one
-// line per overlay. A NaN, infinite or undefined value is a gap in the line and a marker
-// along the top of the run's finite range, so it is seen, never silently dropped.
+// uPlot columns: x, the primary line, its partial, revised, non-finite and breach markers,
+// then one line per overlay. A NaN, infinite or undefined value is a gap in the line and a
+// marker along the top of the run's finite range, so it is seen, never silently dropped; a
+// step that broke an alert rule on the metric is ringed where its value is drawn.
 export function alignedColumns(primary, overlays) {
   const runs = [primary, ...overlays];
   const xs = overlays.length ? union(runs.map((r) => r.steps)) : primary.steps.slice();
@@ -73,12 +91,15 @@ export function alignedColumns(primary, overlays) {
   const revised = (s, i) => (s.revision[i] > 1 ? plottable(s.values[i]) : undefined);
   const top = ceiling(primary.values);
   const nonFinite = (s, i) => (plottable(s.values[i]) === null ? top : undefined);
+  const breach = (s, i) =>
+    s.breaches.has(s.steps[i]) ? (plottable(s.values[i]) ?? top) : undefined;
   return [
     xs,
     column(primary, line),
     column(primary, partial),
     column(primary, revised),
     column(primary, nonFinite),
+    column(primary, breach),
     ...overlays.map((o) => column(o, line)),
   ];
 }
