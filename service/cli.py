@@ -1,10 +1,12 @@
-"""The ``steptally`` command: ``migrate``, ``serve``, ``demo``, ``grafana build``, ``sync``.
+"""The ``steptally`` command: ``migrate``, ``serve``, ``demo``, ``grafana build``, ``sync``,
+``alert-log``.
 
     steptally migrate [--database-url URL]
     steptally serve   [--database-url URL] [--host H] [--port P] [--workers N]
     steptally demo    [--url URL | --serve] [--run NAME] [--steps N] [--ranks N] [--interval S]
     steptally grafana build [--out DIR] [--check]
     steptally sync    URL [--spool-root DIR] [--token T]
+    steptally alert-log [--host H] [--port P]
     steptally token create --scope {admin,ingest,read} [--run NAME] [--label TEXT]
     steptally token list | steptally token revoke ID     (each [--database-url URL])
 
@@ -14,6 +16,7 @@ Options fall back to the ``STEPTALLY_*`` environment variables of
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -161,6 +164,20 @@ def demo(
         if keep_serving:
             typer.echo(f"steptally: still serving; the dashboard is at {server.url}/; Ctrl-C stops")
             server.wait()
+
+
+@app.command("alert-log")
+def alert_log(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9099,
+) -> None:
+    """Receive Alertmanager's webhook and log every alert (GET /alerts lists them)."""
+    import uvicorn
+
+    from steptally.service.alert_log import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
 
 
 grafana = typer.Typer(help="Grafana dashboards as code.", no_args_is_help=True)

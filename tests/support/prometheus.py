@@ -20,8 +20,17 @@ from support.served import free_port
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path, token: str | None = None) -> None:
-        """``token``: scrape with this bearer token (a read token, for auth on)."""
+    def __init__(
+        self,
+        target: str,
+        tmp: Path,
+        token: str | None = None,
+        rules: Path | None = None,
+        alertmanager: str | None = None,
+    ) -> None:
+        """``token``: scrape with this bearer token (a read token, for auth on);
+        ``rules``: a rule file, evaluated every second; ``alertmanager``: where firing
+        alerts go (host:port)."""
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("the prometheus binary is missing: run scripts/ensure-services.sh")
@@ -34,8 +43,17 @@ class Prometheus:
             auth = (
                 f"    authorization:\n      type: Bearer\n      credentials_file: {tmp / 'token'}\n"
             )
+        alerting = ""
+        if rules is not None:
+            alerting += f"rule_files: ['{rules}']\n"
+        if alertmanager is not None:
+            alerting += (
+                "alerting:\n  alertmanagers:\n    - static_configs:\n"
+                f"        - targets: ['{alertmanager}']\n"
+            )
         config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            f"{alerting}"
             "scrape_configs:\n  - job_name: steptally\n"
             f"{auth}    static_configs:\n      - targets: ['{target}']\n"
         )

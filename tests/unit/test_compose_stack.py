@@ -44,8 +44,11 @@ def test_docker_compose_accepts_the_file() -> None:
 
 
 def test_every_image_from_a_registry_is_pinned_to_a_version(services: dict[str, Any]) -> None:
-    pulled = {n: s["image"] for n, s in services.items() if "build" not in s}
-    assert set(pulled) == {"postgres", "redis", "loadbalancer", "prometheus", "grafana"}
+    built = {s["image"] for s in services.values() if "build" in s}  # steptally:local
+    pulled = {n: s["image"] for n, s in services.items() if s["image"] not in built}
+    assert set(pulled) == {
+        "postgres", "redis", "loadbalancer", "prometheus", "alertmanager", "grafana",
+    }  # fmt: skip
     for name, image in pulled.items():
         tag = image.rpartition(":")[2]
         assert re.fullmatch(r"v?\d+\.\d+(\.\d+)?(-[a-z]+)?", tag), (name, image)
@@ -85,7 +88,10 @@ def test_start_order_waits_for_what_each_service_needs(services: dict[str, Any])
     assert services["tokens"]["depends_on"] == {"migrate": done}
     healthy_replicas = {n: {"condition": "service_healthy"} for n in REPLICAS}
     assert services["loadbalancer"]["depends_on"] == healthy_replicas
-    assert services["prometheus"]["depends_on"] == healthy_replicas
+    healthy = {"condition": "service_healthy"}
+    assert services["prometheus"]["depends_on"] == {**healthy_replicas, "alertmanager": healthy}
+    assert services["alertmanager"]["depends_on"] == {"alert-webhook": healthy}
+    assert services["alert-webhook"]["command"][:2] == ["steptally", "alert-log"]
     assert services["grafana"]["depends_on"]["prometheus"] == {"condition": "service_healthy"}
 
 
@@ -137,3 +143,31 @@ def test_prometheus_scrapes_with_its_read_token(services: dict[str, Any]) -> Non
         "credentials_file": "/etc/prometheus/tokens/prometheus",
     }
     assert "tokens:/etc/prometheus/tokens:ro" in services["prometheus"]["volumes"]
+
+
+def test_prometheus_alerts_through_the_stacks_alertmanager_to_its_webhook(
+    services: dict[str, Any],
+) -> None:
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (target,) = config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    assert target == "alertmanager:9093"
+    mount = services["alertmanager"]["volumes"][0]
+    assert mount.startswith("./deploy/alertmanager/alertmanager.yml:")
+    alerting = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    (receiver,) = alerting["receivers"]
+    assert receiver["name"] == alerting["route"]["receiver"]
+    (hook,) = receiver["webhook_configs"]
+    assert hook["url"].startswith("http://alert-webhook:8080/")
+    assert "run" in alerting["route"]["group_by"] and "rule" in alerting["route"]["group_by"]
+
+
+def test_amtool_accepts_the_alertmanager_configuration() -> None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.skip("amtool is not installed (Debian's prometheus-alertmanager)")
+    path = ROOT / "deploy/alertmanager/alertmanager.yml"
+    done = subprocess.run(
+        [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout and "1 receivers" in done.stdout
