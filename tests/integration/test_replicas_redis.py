@@ -241,3 +241,40 @@ def test_a_browser_event_source_through_a_redis_restart_receives_every_step_once
     finally:
         page.close()
     assert sorted(steps) == list(range(8)), steps
+
+
+def test_replicas_racing_to_finalise_breach_once_per_step_and_rule(
+    replicas: Callable[[str, str], list[ServedService]],
+) -> None:
+    """Both replicas sweep the same timed-out steps every 0.1 s and take batches for the
+    same steps: each (step, rule) breaches once, and both export the same count."""
+    a, b = replicas(SHARED_REDIS, f"steptally-test-{free_port()}:")
+    rules = [
+        {"name": "ranks", "missing_ranks_above": 0},
+        {"name": "hot", "metric": "a", "above": 1},
+    ]
+    spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}, "alerts": rules}
+    assert httpx.post(f"{a.url}/v1/runs", json={**spec, "step_timeout_s": 0.5}).status_code == 201
+    steps = range(20)
+    for step in steps:  # rank 0 only, through both replicas: every step times out partial
+        _send((a, b)[step % 2].url, step, 0)
+    deadline = time.monotonic() + 30
+    listed: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        listed = httpx.get(f"{b.url}/v1/runs/r/breaches", params={"limit": 1000}).json()["breaches"]
+        if len(listed) == 2 * len(steps):
+            break
+        time.sleep(0.2)
+    assert [(x["step"], x["rule"]) for x in listed] == [
+        (s, rule) for s in steps for rule in ("hot", "ranks")
+    ]
+    for step in steps:  # rank 1 late: revision 2 still breaches "hot", no longer "ranks"
+        _send((b, a)[step % 2].url, step, 1)
+    shown = httpx.get(f"{a.url}/v1/runs/r/steps", params={"limit": 100}).json()["steps"]
+    assert {(s["revision"], tuple(x["rule"] for x in s["breaches"])) for s in shown} == {
+        (2, ("hot",))
+    }
+    for replica in (a, b):
+        text = httpx.get(f"{replica.url}/metrics").text
+        for rule in ("hot", "ranks"):
+            assert f'steptally_alert_breaches_total{{rule="{rule}",run="r"}} 20.0' in text
