@@ -38,6 +38,8 @@ class DemoPlan:
     late_every: int = 7
     late_by_s: float = 3.0  # past the timeout: the service sweeps overdue steps each second
     seed: int = 0
+    # a burst of -inf filtering on every rank: the default filtered_token_share rule breaks
+    burst_step: int | None = 11
 
 
 def _microbatches(plan: DemoPlan, step: int, rank: int) -> list[Any]:
@@ -45,12 +47,13 @@ def _microbatches(plan: DemoPlan, step: int, rank: int) -> list[Any]:
 
     rnd = random.Random(plan.seed * 1_000_003 + step * 1009 + rank)
     drift = 0.5 + 0.5 * math.sin(step / 6.0)  # filtering comes and goes over the run
+    burst = 0.12 if step == plan.burst_step else 0.0
     return [
         synthetic_microbatch(
             rnd.randrange(1 << 30),
             sequences=rnd.randint(2, 6),
             max_len=rnd.choice((32, 48, 64, 96)),
-            curr_filtered=0.01 + 0.04 * drift,
+            curr_filtered=0.01 + 0.04 * drift + burst,
             prev_filtered=0.005 + 0.02 * drift,
         )
         for _ in range(rnd.randint(1, 4))  # uneven microbatches per rank

@@ -4,7 +4,7 @@
 
 Serves a fresh SQLite database on a free port, plays two demo runs into it with
 ``steptally demo`` and a small run with two partial steps over REST, and saves the
-runs list and the run page (one revised step's detail open) as PNGs, seen by
+runs list and the run page (the detail of a step that broke an alert rule open) as PNGs, seen by
 headless Chromium 1440 px wide.
 """
 
@@ -69,6 +69,12 @@ def revised_step(url: str, run: str) -> int:
     return next((s["step"] for s in steps if s["revision"] > 1), 0)
 
 
+def breached_step(url: str, run: str) -> int | None:
+    """A step that broke one of the run's alert rules (the demo's filtering burst)."""
+    found = httpx.get(f"{url}/v1/runs/{run}/breaches").json()["breaches"]
+    return found[0]["step"] if found else None
+
+
 def settle(page: Page, selector: str) -> None:
     page.wait_for_selector(selector)
     page.wait_for_timeout(500)
@@ -84,7 +90,7 @@ def shoot(url: str, out: Path) -> None:
         page.set_viewport_size({"width": 1440, "height": 300})
         page.screenshot(path=str(out / "runs-list.png"))
         page.set_viewport_size({"width": 1440, "height": 1000})
-        step = revised_step(url, primary)
+        step = breached_step(url, primary) or revised_step(url, primary)
         page.goto(f"/runs/{primary}?overlay={overlay}&step={step}")
         settle(page, "#detail[data-state=ready]")
         page.screenshot(path=str(out / "run-page.png"))

@@ -82,6 +82,12 @@ def test_alert_breaches_are_ringed_counted_and_explained_live(page: Page, seed: 
     expect(pill).to_have_class(re.compile(r"\bbroken\b"))
     expect(page.locator('.alert-rule[data-rule="ranks"]')).to_have_attribute("data-count", "0")
     expect(card.locator(".card-foot")).to_contain_text("3 breaching")
+    detail = page.locator("#detail")
+    pill.click()  # the first step that broke the rule, then the next
+    expect(detail).to_have_attribute("data-step", "3")
+    pill.click()
+    expect(detail).to_have_attribute("data-step", "4")
+    expect(page).to_have_url(re.compile(r"step=4"))
 
     seed.steps("alerty", range(6, 7), 2, wave)  # arrives over the event stream
     wait_for_marked(page, "ratio_max", BREACH_MARKERS, [3, 4, 5, 6])

@@ -32,6 +32,7 @@ export const listRuns = (limit, cursor) => get("/v1/runs", { limit, cursor });
 export const getRun = (run) => get(runPath(run));
 export const getStep = (run, step) => get(`${runPath(run)}/steps/${step}`);
 export const listSteps = (run, params) => get(`${runPath(run)}/steps`, params);
+export const listBreaches = (run, params) => get(`${runPath(run)}/breaches`, params);
 export const eventsUrl = (run) => `${runPath(run)}/events`;
 
 // One metric of one run as a series: {steps, values, status, revision, total, downsampled}.

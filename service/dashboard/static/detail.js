@@ -106,18 +106,38 @@ export class StepDetail {
           : b.condition === "non_finite"
             ? "not finite"
             : `${b.condition.replace("missing_ranks_above", "missing ranks >").replace("above", ">").replace("below", "<")} ${exact(b.threshold)}`;
+      const on = b.metric ?? "missing ranks";
       return el(
         "tr",
         { dataset: { rule: b.rule } },
-        el("td", { class: "mono" }, b.rule),
-        el("td", { class: "mono muted" }, b.metric ?? "ranks"),
+        el(
+          "td",
+          { class: "mono", title: `${b.rule} checks ${on}` },
+          b.rule,
+          on === b.rule ? null : el("span", { class: "kind" }, on),
+        ),
         el("td", { class: "value" }, exact(b.value)),
-        el("td", { class: "muted" }, against),
+        el("td", { class: "num muted" }, against),
       );
     });
     return [
       el("h4", { class: "breach" }, `Alerts broken (${found.length})`),
-      el("table", { class: "breaches", id: "detail-breaches" }, el("tbody", {}, ...rows)),
+      el(
+        "table",
+        { class: "grid breaches", id: "detail-breaches" },
+        el(
+          "thead",
+          {},
+          el(
+            "tr",
+            {},
+            el("th", {}, "rule"),
+            el("th", { class: "num" }, "value"),
+            el("th", { class: "num" }, "broke"),
+          ),
+        ),
+        el("tbody", {}, ...rows),
+      ),
     ];
   }
 

@@ -1,7 +1,7 @@
 // The run page: charts per metric (derived means first), the completeness heat map,
 // the step detail panel, overlays, a view held in the URL, and live steps over SSE.
 
-import { getRun, metricOrder } from "./api.js";
+import { getRun, listBreaches, metricOrder } from "./api.js";
 import { MetricChart } from "./chart.js";
 import { StepDetail } from "./detail.js";
 import { el, integer, when } from "./format.js";
@@ -71,16 +71,25 @@ class RunPage {
       ...rules.map((r) => {
         const n = counts[r.name] ?? 0;
         return el(
-          "span",
+          n ? "button" : "span",
           {
             class: `alert-rule${n ? " broken" : ""}`,
             dataset: { rule: r.name, count: String(n) },
-            title: JSON.stringify(r),
+            title: `${JSON.stringify(r)}${n ? " · click: the next step that broke it" : ""}`,
+            onclick: n ? () => this.nextBreach(r.name) : null,
           },
           `${r.name} ${integer(n)}`,
         );
       }),
     );
+  }
+
+  // Open the next step after the one shown that broke `rule` (from the first, and round).
+  async nextBreach(rule) {
+    const after = this.state.step ?? -1;
+    const page = await listBreaches(this.run, { rule, start: after + 1, limit: 1 });
+    const found = page.breaches[0] ?? (await listBreaches(this.run, { rule, limit: 1 })).breaches[0];
+    if (found) this.select(found.step);
   }
 
   summarise(info) {
