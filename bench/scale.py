@@ -19,6 +19,11 @@ Measured per row, in the same run:
     is one ``PUT`` of them; the groups of every rank are loaded first (pushed with the
     consistency check off, persisted, and the gateway restarted with it on), then the
     same clients push for at most ``--pushgateway-s`` seconds;
+  * VictoriaMetrics (``victoria-metrics``, Debian's package) beside every row: the
+    same rank-steps by the same clients, each one ``POST`` of its 256 values to
+    ``/api/v1/import/prometheus`` (one series per metric, rank and microbatch, the step
+    as the timestamp), every value counted back afterwards; and its own HTTP floor
+    (``GET /health``);
   * finalise latency of each step: the ``time.monotonic()`` at which the step's event
     arrived on an event stream (``GET /v1/runs/bench/events``, a separate process,
     connected to replica 0) minus the time at which the client got the answer of the
@@ -57,6 +62,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import redis
 import sqlalchemy as sa
 
@@ -107,6 +113,9 @@ COLUMNS = [
     "floor_ratio",
     "pushgateway_rank_steps_per_s",
     "pushgateway_ratio",
+    "victoria_rank_steps_per_s",
+    "victoria_ratio",
+    "victoria_floor_ratio",
     "finalise_p50_ms",
     "finalise_p99_ms",
     "completing_rtt_p50_ms",
@@ -400,11 +409,105 @@ def pushgateway_rate(ranks: int, args: argparse.Namespace) -> float:
     return float(timed.done / timed.elapsed_s)
 
 
+# ---------------------------------------------------------------- VictoriaMetrics
+
+
+def import_text(rank: int, step: int) -> bytes:
+    """One rank-step for VictoriaMetrics's Prometheus-text import: the same 8 × 32 values,
+    one series per (metric, rank, microbatch), the step as the sample's timestamp."""
+    ts = 1_700_000_000_000 + step * 1000
+    lines = [
+        f'm{m:02d}{{run="{RUN}",rank="{rank}",microbatch="{mb}"}} '
+        f"{((rank * 31 + m * 7 + mb + step) % 997) / 7} {ts}"
+        for m in range(METRICS)
+        for mb in range(MICROBATCHES)
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@contextmanager
+def victoria(storage: Path) -> Iterator[int]:
+    port = free_port()
+    args = [
+        "victoria-metrics",
+        f"-storageDataPath={storage}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=100y",
+        "-loggerLevel=ERROR",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("victoria-metrics did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> tuple[float, float]:
+    """Rank-steps/s of VictoriaMetrics importing the same rank-steps as the ingest rows,
+    by the same clients (ranks dealt out alike, each client in step order); and its own
+    HTTP floor (``GET /health``, as many, same clients), requests/s."""
+    texts = [[import_text(r, s) for r in range(ranks)] for s in range(steps)]
+    with tempfile.TemporaryDirectory() as d, victoria(Path(d)) as port:
+        jobs = []
+        for i in range(args.clients):
+            mine = range(i, ranks, args.clients)
+            path = "/api/v1/import/prometheus"
+            reqs = [
+                request("POST", port, path, texts[s][r], kind="text")
+                for s in range(steps)
+                for r in mine
+            ]
+            warm = [request("POST", port, path, import_text(ranks + i, -1), kind="text")]
+            jobs.append(Job(port, reqs, warmup=[request("GET", port, "/health")] * 3 + warm))
+        timed = blast(jobs)
+        assert not timed.errors, timed.errors[:3]
+        # every value is there: VictoriaMetrics's buffers flushed, then one count
+        httpx.get(f"http://127.0.0.1:{port}/internal/force_flush").raise_for_status()
+        found = _vm_count(port, ranks, steps)
+        assert found == ranks * steps * VALUES_PER_BODY, found
+        health = request("GET", port, "/health")
+        floor = blast([Job(port, [health] * len(j.requests), warmup=[health] * 3) for j in jobs])
+        assert not floor.errors, floor.errors[:3]
+    return float(timed.done / timed.elapsed_s), float(floor.done / floor.elapsed_s)
+
+
+def _vm_count(port: int, ranks: int, steps: int) -> int:
+    """Samples of the timed rank-steps that VictoriaMetrics holds (the warm-up's are at
+    step -1, before the range)."""
+    start = 1_700_000_000_000
+    end = start + (steps - 1) * 1000
+    params = {"match[]": f'{{run="{RUN}"}}', "start": str(start / 1000), "end": str(end / 1000)}
+    deadline = time.monotonic() + 30
+    while True:
+        body = httpx.get(f"http://127.0.0.1:{port}/api/v1/export", params=params, timeout=60)
+        body.raise_for_status()
+        n = sum(len(orjson.loads(line)["values"]) for line in body.text.splitlines() if line)
+        if n >= ranks * steps * VALUES_PER_BODY or time.monotonic() > deadline:
+            return n
+        time.sleep(0.5)
+
+
 # ---------------------------------------------------------------- one row
 
 
 def measure(
-    config: Config, ranks: int, steps: int, pgw: float, args: argparse.Namespace
+    config: Config,
+    ranks: int,
+    steps: int,
+    pgw: float,
+    vm: tuple[float, float],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     all_bodies = prepared(ranks, steps)
     prefix = f"steptally-bench-{uuid.uuid4().hex}" if config.redis else None
@@ -467,6 +570,9 @@ def measure(
         "floor_ratio": rate / floor_rate,
         "pushgateway_rank_steps_per_s": pgw,
         "pushgateway_ratio": rate / pgw,
+        "victoria_rank_steps_per_s": vm[0],
+        "victoria_ratio": rate / vm[0],
+        "victoria_floor_ratio": vm[0] / vm[1],
         "finalise_p50_ms": pct(latency, 50),
         "finalise_p99_ms": pct(latency, 99),
         "completing_rtt_p50_ms": pct(rtt, 50),
@@ -528,6 +634,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     xs = sorted(by_ranks)
     pgw = [1e6 / (by_ranks[x] * VALUES_PER_BODY) for x in xs]
     wall.plot(xs, pgw, "s--", color="black", label="Pushgateway")
+    vms: dict[int, list[float]] = {}
+    for r in rows:
+        vms.setdefault(r["ranks"], []).append(r["victoria_rank_steps_per_s"])
+    vm = [1e6 / (float(np.median(vms[x])) * VALUES_PER_BODY) for x in xs]
+    wall.plot(xs, vm, "D--", color="grey", label="VictoriaMetrics (median of its runs)")
     for ax, title in (
         (wall, "wall time per value (µs), 2 shared cores"),
         (cpu, "CPU per value (µs): server + database, and client"),
@@ -551,15 +662,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as the table of bench/README.md, Scale."""
     out = [
         "| config | ranks × steps | rank-steps/s | values/s | µs/value | × HTTP floor "
-        "| × Pushgateway | finalise p50 / p99 ms | completing request p50 / p99 ms "
-        "(median request) | server + db CPU µs/value | client CPU µs/request | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| × Pushgateway | × VictoriaMetrics (its rank-steps/s) | finalise p50 / p99 ms "
+        "| completing request p50 / p99 ms (median request) | server + db CPU µs/value "
+        "| client CPU µs/request | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['config']} | {r['ranks']} × {r['steps']} | {r['rank_steps_per_s']:.0f} "
             f"| {r['values_per_s'] / 1000:.0f}k | {r['us_per_value']:.1f} "
             f"| {r['floor_ratio']:.3f} | {r['pushgateway_ratio']:.1f} "
+            f"| {r['victoria_ratio']:.2f} ({r['victoria_rank_steps_per_s']:.0f}) "
             f"| {r['finalise_p50_ms']:.1f} / {r['finalise_p99_ms']:.1f} "
             f"| {r['completing_rtt_p50_ms']:.0f} / {r['completing_rtt_p99_ms']:.0f} "
             f"({r['rtt_p50_ms']:.0f}) | {r['server_cpu_us_per_value']:.1f} "
@@ -573,7 +686,8 @@ def progress(row: dict[str, Any]) -> None:
         f"{row['config']:>17} {row['ranks']:>5} ranks × {row['steps']:>3} steps: "
         f"{row['rank_steps_per_s']:7.1f} rank-steps/s ({row['values_per_s']:,.0f} values/s), "
         f"{row['floor_ratio']:.2f} of the HTTP floor, {row['pushgateway_ratio']:.1f}× the "
-        f"Pushgateway, finalise p50/p99 {row['finalise_p50_ms']:.1f}/"
+        f"Pushgateway, {row['victoria_ratio']:.2f}× VictoriaMetrics, finalise p50/p99 "
+        f"{row['finalise_p50_ms']:.1f}/"
         f"{row['finalise_p99_ms']:.1f} ms, server {row['server_cpu_s']:.1f} s + db "
         f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU, "
         f"RSS {row['peak_rss_mb']:.0f} MB"
@@ -606,7 +720,12 @@ def main(argv: list[str] | None = None) -> None:
         pgw = pushgateway_rate(ranks, args)
         log(f"{'Pushgateway':>17} {ranks:>5} ranks: {pgw:7.1f} rank-steps/s")
         for name in args.configs:
-            row = measure(CONFIGS[name], ranks, steps, pgw, args)
+            vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
+            log(
+                f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm[0]:7.1f} rank-steps/s "
+                f"({vm[0] / vm[1]:.2f} of its HTTP floor)"
+            )
+            row = measure(CONFIGS[name], ranks, steps, pgw, vm, args)
             rows.append(row)
             progress(row)
             write_csv(rows, args.out / f"{stem}.csv")

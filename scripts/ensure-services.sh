@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the real peers the test suite talks to are up: PostgreSQL and Redis on
-# 127.0.0.1, and the prometheus, pushgateway, alertmanager, chromium and docker-compose
-# binaries (docker-compose only validates the compose file; no daemon). Starts or installs
-# whatever is missing.
+# 127.0.0.1, and the prometheus, pushgateway, alertmanager, victoria-metrics, chromium and
+# docker-compose binaries (docker-compose only validates the compose file; no daemon). Starts
+# or installs whatever is missing.
 set -euo pipefail
 
 apt_updated=0
@@ -44,8 +44,9 @@ missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v prometheus-pushgateway >/dev/null || missing+=(prometheus-pushgateway)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v victoria-metrics >/dev/null || missing+=(victoria-metrics)  # bench/scale.py's anchor
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 # docker-compose validates docker-compose.yml (`config`): no Docker engine needed
 command -v docker-compose >/dev/null || apt_install --no-install-recommends docker-compose
-echo "ensure-services: PostgreSQL, Redis, prometheus, pushgateway, alertmanager, chromium and docker-compose are ready"
+echo "ensure-services: PostgreSQL, Redis, prometheus, pushgateway, alertmanager, victoria-metrics, chromium and docker-compose are ready"

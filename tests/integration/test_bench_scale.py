@@ -1,5 +1,6 @@
 """``bench/scale.py --quick`` end to end: real ``steptally serve`` on SQLite, the real
-Pushgateway, client processes; the CSV has every column and plausible values."""
+Pushgateway and VictoriaMetrics, client processes; the CSV has every column and
+plausible values."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ pytestmark = [
     pytest.mark.skipif(
         shutil.which("prometheus-pushgateway") is None, reason="needs prometheus-pushgateway"
     ),
+    pytest.mark.skipif(shutil.which("victoria-metrics") is None, reason="needs victoria-metrics"),
 ]
 
 POSITIVE = [
@@ -32,6 +34,9 @@ POSITIVE = [
     "floor_ratio",
     "pushgateway_rank_steps_per_s",
     "pushgateway_ratio",
+    "victoria_rank_steps_per_s",
+    "victoria_ratio",
+    "victoria_floor_ratio",
     "completing_rtt_p50_ms",
     "completing_rtt_p99_ms",
     "rtt_p50_ms",
@@ -75,3 +80,4 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
     # one line of progress per row, and one per Pushgateway anchor
     assert done.stderr.count(" ranks × ") == 2
     assert done.stderr.count("Pushgateway ") >= 2
+    assert done.stderr.count("VictoriaMetrics ") >= 2
