@@ -17,8 +17,12 @@ time over floor time; 1.00 would be ingest at no cost beyond the floor):
     same concurrency, on an engine configured like the service's (SQLite: WAL,
     synchronous=FULL) — what a durable commit per body costs with no logic.
 
+With ``--alerts N`` the run has N alert rules (:func:`alert_rules`), checked at every
+finalisation: what checking them adds to ingest and to the finalising request.
+
 Usage:
     python bench/ingest.py --db sqlite                       # steps/body 1 and 8
+    python bench/ingest.py --db postgres --alerts 16         # with 16 alert rules
     python bench/ingest.py --db postgres --steps-per-batch 1 2 4 8
     python bench/ingest.py --db postgres --workers 2         # steptally serve --workers 2
 """
@@ -104,6 +108,23 @@ def spec(metrics: int) -> dict[str, Any]:
     kinds = ["sum"] * (metrics - 4) + ["count", "count", "min", "max"]
     names = {f"m{i:02d}": k for i, k in enumerate(kinds)}
     return {"metrics": names, "derived": {"mean0": "m00 / m28"}}
+
+
+def alert_rules(n: int) -> list[dict[str, Any]]:
+    """``n`` alert rules of the run: half thresholds, half changes against the mean of the
+    last 10 steps (each reads the stored values when it is checked), on distinct metrics;
+    the last one breaks at every step (a ``count`` above 0), so each finalisation also
+    writes a breach."""
+    rules: list[dict[str, Any]] = []
+    for i in range(n - 1):
+        metric = f"m{i % 28:02d}"
+        if i % 2:
+            rules.append({"name": f"c{i}", "metric": metric, "change_above": 1e300, "window": 10})
+        else:
+            rules.append({"name": f"t{i}", "metric": metric, "above": 1e300})
+    if n:
+        rules.append({"name": "always", "metric": "m28", "above": 0})
+    return rules
 
 
 def bodies(args: argparse.Namespace, names: list[str], steps: range) -> list[bytes]:
@@ -222,6 +243,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed posts per row; the best counts")
     p.add_argument("--workers", type=int, default=1, help="steptally serve --workers")
+    p.add_argument("--alerts", type=int, default=0, help="alert rules of the run (see alert_rules)")
     args = p.parse_args()
     rows = []
     with (
@@ -234,6 +256,7 @@ def main() -> None:
             "world_size": args.ranks,
             "step_timeout_s": 3600,
             **spec(args.metrics),
+            "alerts": alert_rules(args.alerts),
         }
         client.post(f"{base}/v1/runs", json=run).raise_for_status()
         names = list(run["metrics"])
@@ -250,7 +273,7 @@ def main() -> None:
     print(
         f"\n{args.db}, {args.ranks} ranks × {args.microbatches} microbatches × {args.metrics} "
         f"metrics, {values} values per post, concurrency {args.concurrency}, "
-        f"workers {args.workers}, best of {args.repeat}\n"
+        f"workers {args.workers}, {args.alerts} alert rules, best of {args.repeat}\n"
     )
     print("| db | steps/body | bodies | values/s | × http floor | × sql floor | finalise ms |")
     print("|---|---|---|---|---|---|---|")

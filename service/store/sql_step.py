@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Select, select
+from sqlalchemy import Connection, Select, select, union_all
 
 from steptally.client.algebra.alerts import History
 from steptally.client.wire import encode_number
@@ -258,31 +258,45 @@ def load_partials(
 def history(
     conn: Connection, run: RunRecord, step: int, earlier: Sequence[StepState] = ()
 ) -> History:
-    """What a change rule compares ``step`` with: the stored values of the nearest earlier
-    steps, and those of ``earlier`` (finalised in this transaction, not yet written); a
-    value that is not a number reads as NaN."""
-
-    def read(metric: str, n: int) -> list[float]:
-        col = run.value_column_of.get(metric)
-        if col is None:
-            return []
+    """What the run's change rules compare ``step`` with: the stored values of the
+    nearest earlier steps (one statement for every rule), and those of ``earlier``
+    (finalised in this transaction, not yet written); a value that is not a number
+    reads as NaN."""
+    windows: dict[int, int] = {}
+    for rule in run.spec.alerts:
+        col = run.value_column_of.get(rule.metric or "")
+        if rule.window is not None and col is not None:
+            windows[col] = max(windows.get(col, 0), rule.window)
+    found: dict[int, dict[int, tuple[float | None, int]]] = {col: {} for col in windows}
+    if windows:
         v = STEP_VALUES.c
-        rows = conn.execute(
-            select(v.step, v.value, v.state)
+        nearest = [
+            select(v.col, v.step, v.value, v.state)
             .where(v.run_id == run.id, v.col == col, v.step < step)
             .order_by(v.step.desc())
             .limit(n)
-        )
-        found = {s: (value, state) for s, value, state in rows}
+            .subquery()
+            for col, n in windows.items()
+        ]
+        parts = [select(*q.c) for q in nearest]
+        for col, s, value, state in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0]):
+            found[col][s] = (value, state)
         for other in earlier:
-            mine = [(val, st) for c, val, st in other.values if c == col]
-            if other.step < step and mine:
-                found[other.step] = mine[0]
-        nearest = sorted(found, reverse=True)[:n]
-        number = ValueState.NUMBER.value
-        return [found[s][0] if found[s][1] == number else math.nan for s in nearest]
+            if other.step < step:
+                for col, value, state in other.values:
+                    if col in found:
+                        found[col][other.step] = (value, state)
+    number = ValueState.NUMBER.value
+
+    def read(metric: str, n: int) -> list[float]:
+        mine = found.get(run.value_column_of.get(metric, _NO_COL), {})
+        steps = sorted(mine, reverse=True)[:n]
+        return [mine[s][0] if mine[s][1] == number else math.nan for s in steps]  # type: ignore[misc]
 
     return read
+
+
+_NO_COL = -(2**31)
 
 
 def finalise_row(

@@ -132,3 +132,20 @@ def test_a_run_without_rules_finalises_as_before(store: Store) -> None:
     assert _breaches(store, run, 0) == []
     (snap,) = store.exposition_snapshot()
     assert snap.breaches == {}
+
+
+def test_change_rules_on_several_metrics_read_their_own_windows(store: Store) -> None:
+    rules = [
+        {"name": "a_jump", "metric": "a", "change_above": 1.0, "window": 1},
+        {"name": "m_jump", "metric": "m", "change_above": 1.0, "window": 3},
+        {"name": "m_jump_wide", "metric": "m", "change_above": 0.5, "window": 4},
+    ]
+    spec = MetricSpec.build({"a": "sum", "n": "count"}, {"m": "a / n"}, alerts=rules)
+    run, _ = store.register_run("w", lambda _: RunDraft(2, spec, TIMEOUT_S), T0)
+    store.ingest(run, _batch(run, {0: 1.0, 1: 1.0, 2: 1.0}), T0 + 1)
+    store.ingest(run, _batch(run, {3: 1.0, 4: 1.75}), T0 + 2)
+    # step 4: a = 3.5 against step 3's 2 (1.5 off); m = 1.75 against the mean of steps 1-3
+    # (1, 0.75 off: within 1) and of steps 0-3 (1, 0.75 off: over 0.5)
+    found = {b["rule"]: b["mean"] for b in _breaches(store, run, 4)}
+    assert found == {"a_jump": 2.0, "m_jump_wide": 1.0}
+    assert _breaches(store, run, 3) == []  # m_jump_wide had 3 of its 4 steps: not checked
