@@ -353,6 +353,28 @@ def push_text(rank: int) -> bytes:
 
 
 @contextmanager
+def peer(args: list[str], ready: str) -> Iterator[None]:
+    """A peer process (``args``), yielded once ``ready`` (a URL) answers 200; stopped
+    with SIGTERM (on which the Pushgateway persists its groups) at the end."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(ready).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{args[0]} did not start")
+            time.sleep(0.05)
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+@contextmanager
 def pushgateway(state: Path, check: bool) -> Iterator[int]:
     port = free_port()
     args = [
@@ -363,22 +385,8 @@ def pushgateway(state: Path, check: bool) -> Iterator[int]:
     ]
     if not check:
         args.append("--push.disable-consistency-check")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/-/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("prometheus-pushgateway did not start")
-            time.sleep(0.05)
+    with peer(args, f"http://127.0.0.1:{port}/-/ready"):
         yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)  # persists its groups on the way out
-        proc.wait(60)
 
 
 def pushgateway_rate(ranks: int, args: argparse.Namespace) -> float:
@@ -435,22 +443,8 @@ def victoria(storage: Path) -> Iterator[int]:
         "-retentionPeriod=100y",
         "-loggerLevel=ERROR",
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("victoria-metrics did not start")
-            time.sleep(0.05)
+    with peer(args, f"http://127.0.0.1:{port}/health"):
         yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
 
 
 def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> tuple[float, float]:

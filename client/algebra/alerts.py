@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from steptally.client.algebra.errors import SpecConflict, SpecError
+from steptally.client.algebra.errors import AlertRuleError, SpecConflict
 from steptally.client.algebra.kind import NAME_PATTERN
 
 MAX_RULES = 256
@@ -61,16 +61,6 @@ class AlertRule:
     missing_ranks_above: int | None = None
     non_finite: bool = False
 
-    @property
-    def condition(self) -> str:
-        if self.missing_ranks_above is not None:
-            return "missing_ranks_above"
-        if self.non_finite:
-            return "non_finite"
-        if self.change_above is not None:
-            return "change_above"
-        return "threshold"
-
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.metric is not None:
@@ -87,20 +77,20 @@ class AlertRule:
 
 
 def parse(data: object, metrics: Iterable[str]) -> AlertRule:
-    """A rule from its JSON, its metric one of ``metrics``; :class:`SpecError` says
+    """A rule from its JSON, its metric one of ``metrics``; :class:`AlertRuleError` says
     what is wrong with it."""
     if not isinstance(data, Mapping):
-        raise SpecError(f"an alert rule is an object, not {type(data).__name__}")
+        raise AlertRuleError(f"an alert rule is an object, not {type(data).__name__}")
     name = data.get("name")
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise SpecError(
+        raise AlertRuleError(
             f"alert rule name {name!r:.40} is invalid: use letters, digits and '_', "
             "starting with a letter or '_', at most 128 characters"
         )
     where = f"alert rule {name!r}"
     unknown = sorted(set(data) - _FIELDS)
     if unknown:
-        raise SpecError(
+        raise AlertRuleError(
             f"{where} has unknown fields {', '.join(map(repr, unknown))}; a rule takes "
             f"{', '.join(sorted(_FIELDS))}"
         )
@@ -117,47 +107,49 @@ def parse(data: object, metrics: Iterable[str]) -> AlertRule:
         if present
     ]
     if len(families) != 1:
-        raise SpecError(
+        raise AlertRuleError(
             f"{where} needs exactly one condition: above and/or below, change_above, "
             f"missing_ranks_above or non_finite (it has {', '.join(families) or 'none'})"
         )
     if "non_finite" in data and not isinstance(data["non_finite"], bool):
-        raise SpecError(f"{where}: non_finite is true or false")
+        raise AlertRuleError(f"{where}: non_finite is true or false")
     if ranks is not None:
         if metric is not None:
-            raise SpecError(f"{where}: missing_ranks_above counts ranks and takes no metric")
+            raise AlertRuleError(f"{where}: missing_ranks_above counts ranks and takes no metric")
         if not _is_int(ranks) or ranks < 0:
-            raise SpecError(f"{where}: missing_ranks_above is a whole number of ranks, 0 or more")
+            raise AlertRuleError(
+                f"{where}: missing_ranks_above is a whole number of ranks, 0 or more"
+            )
         return AlertRule(name, missing_ranks_above=int(ranks))
     known = set(metrics)
     if not isinstance(metric, str) or metric not in known:
-        raise SpecError(
+        raise AlertRuleError(
             f"{where} checks metric {metric!r:.40}, which the spec does not declare; "
             "name one of its metrics or derived values"
         )
     above, below = _threshold(data, "above", where), _threshold(data, "below", where)
     if above is not None and below is not None and below > above:
-        raise SpecError(
+        raise AlertRuleError(
             f"{where}: below ({below:g}) is above above ({above:g}); a band breaches outside "
             "[below, above], so below is the lower bound"
         )
     change = _threshold(data, "change_above", where)
     if change is not None and change < 0:
-        raise SpecError(f"{where}: change_above is a distance, 0 or more")
+        raise AlertRuleError(f"{where}: change_above is a distance, 0 or more")
     window = data.get("window")
     relative = data.get("relative", False)
     if change is None and (window is not None or relative):
-        raise SpecError(f"{where}: window and relative go with change_above")
+        raise AlertRuleError(f"{where}: window and relative go with change_above")
     if change is not None:
         window = DEFAULT_WINDOW if window is None else window
         if not _is_int(window) or not 1 <= window <= MAX_WINDOW:
-            raise SpecError(f"{where}: window is a number of steps from 1 to {MAX_WINDOW}")
+            raise AlertRuleError(f"{where}: window is a number of steps from 1 to {MAX_WINDOW}")
         if not isinstance(relative, bool):
-            raise SpecError(f"{where}: relative is true or false")
+            raise AlertRuleError(f"{where}: relative is true or false")
         window = int(window)
     return AlertRule(
         name,
-        metric,
+        str(metric),  # a plain string, whatever str subclass (a StrEnum name) named it
         above,
         below,
         change,
@@ -172,15 +164,15 @@ def parse_all(rules: object, metrics: Iterable[str]) -> tuple[AlertRule, ...]:
     if rules is None:
         return ()
     if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
-        raise SpecError("alerts is a list of rules")
+        raise AlertRuleError("alerts is a list of rules")
     if len(rules) > MAX_RULES:
-        raise SpecError(f"a run may have at most {MAX_RULES} alert rules")
+        raise AlertRuleError(f"a run may have at most {MAX_RULES} alert rules")
     names = list(metrics)
     out = tuple(parse(r, names) for r in rules)
     seen: set[str] = set()
     for rule in out:
         if rule.name in seen:
-            raise SpecError(f"alert rule {rule.name!r} is declared twice")
+            raise AlertRuleError(f"alert rule {rule.name!r} is declared twice")
         seen.add(rule.name)
     return out
 
@@ -210,7 +202,7 @@ def _threshold(data: Mapping[str, Any], key: str, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SpecError(f"{where}: {key} is a finite number, not {value!r:.40}")
+        raise AlertRuleError(f"{where}: {key} is a finite number, not {value!r:.40}")
     return float(value)
 
 
@@ -268,7 +260,11 @@ def _check(
     if rule.missing_ranks_above is not None:
         if missing_ranks > rule.missing_ranks_above:
             return Breach(
-                rule.name, rule.condition, None, float(missing_ranks), rule.missing_ranks_above
+                rule.name,
+                "missing_ranks_above",
+                None,
+                float(missing_ranks),
+                rule.missing_ranks_above,
             )
         return None
     assert rule.metric is not None

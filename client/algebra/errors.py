@@ -2,7 +2,8 @@
 
 AlgebraError
 ├── SpecError          a run spec is invalid (bad name, unknown kind, bad expression)
-│   └── ExpressionError    a derived expression does not parse or names an unknown metric
+│   ├── ExpressionError    a derived expression does not parse or names an unknown metric
+│   └── AlertRuleError     an alert rule is malformed or checks an unknown metric
 ├── SpecConflict       a new spec contradicts the registered one (kind or meaning changed)
 └── ValueRejected      a fragment value is not acceptable for its metric's kind
 """
@@ -20,6 +21,10 @@ class SpecError(AlgebraError):
 
 class ExpressionError(SpecError):
     """A derived expression does not parse, or refers to something unknown."""
+
+
+class AlertRuleError(SpecError):
+    """An alert rule of a spec is malformed, or checks a metric the spec lacks."""
 
 
 class SpecConflict(AlgebraError):

@@ -125,17 +125,6 @@ class MetricSpec:
             out["alerts"] = [rule.to_json() for rule in self.alerts]
         return out
 
-    def with_alerts(self, rules: Any) -> MetricSpec:
-        """This spec with ``rules`` (JSON or parsed) added to its alert rules."""
-        new = MetricSpec.build(self.metrics, self.derived, self.guards, alerts=rules).alerts
-        return MetricSpec(
-            self.metrics,
-            self.derived,
-            self.guards,
-            self.parsed,
-            alert_rules.merged(self.alerts, new),
-        )
-
     def names(self) -> list[str]:
         return [*self.metrics, *self.derived]
 

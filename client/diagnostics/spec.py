@@ -159,7 +159,7 @@ def default_alerts(config: DiagnosticsConfig) -> list[dict[str, Any]]:
         spike = {"change_above": 1.0, "relative": True, "window": 10}
         rules.append({"name": "kl_spike", "metric": M.KL, **spike})
     rules.append({"name": "filtered_token_share", "metric": M.FILTERED_TOKEN_SHARE, "above": 0.1})
-    return [{k: str(v) if k == "metric" else v for k, v in r.items()} for r in rules]
+    return rules
 
 
 def metric_spec(

@@ -123,7 +123,7 @@ def default_alerts(config: ClippedPGConfig) -> list[dict[str, Any]]:
         # more than twice (or below zero times) the mean of the last 10 steps
         spike = {"change_above": 1.0, "relative": True, "window": 10}
         rules.insert(3, {"name": "kl_spike", "metric": D.KL_PENALTY, **spike})
-    return [{k: str(v) if k == "metric" else v for k, v in r.items()} for r in rules]
+    return rules
 
 
 def metric_spec(

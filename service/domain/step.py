@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 
-from steptally.client.algebra.alerts import Breach, History
+from steptally.client.algebra.alerts import History
 from steptally.client.wire import encode_number
 from steptally.service.domain import finalise as evaluation
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
@@ -57,7 +58,7 @@ class StepState:
     result: str | None
     changed: bool = False
     values: list[evaluation.StoredValue] = field(default_factory=list)
-    breaches: list[Breach] = field(default_factory=list)
+    breaches: list[dict[str, Any]] = field(default_factory=list)
 
 
 def opened(run: RunRecord, step: int, now: float) -> StepState:
@@ -217,9 +218,9 @@ def finalise(
     if state.status is StepStatus.PARTIAL and state.result is not None:
         previous = evaluation.StepResult.from_json(orjson.loads(state.result))
     result = evaluation.with_late_ranks(evaluation.evaluate(run, progress, cells, status), previous)
-    broken = evaluation.breaches_of(run, result, history)
+    broken = [b.to_json(encode_number) for b in evaluation.breaches_of(run, result, history)]
     if broken:
-        result = replace(result, breaches=[b.to_json(encode_number) for b in broken])
+        result = replace(result, breaches=broken)
     state.breaches = broken
     state.status = status
     state.revision += 1

@@ -27,7 +27,6 @@ import orjson
 from sqlalchemy import Connection, Select, select, union_all
 
 from steptally.client.algebra.alerts import History
-from steptally.client.wire import encode_number
 from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
@@ -124,10 +123,10 @@ def write_breaches(
         {
             "run_id": run_id,
             "step": r.step,
-            "rule": b.rule,
+            "rule": b["rule"],
             "revision": r.revision,
             "finalised_at": r.finalised_at,
-            "breach": orjson.dumps(b.to_json(encode_number)).decode(),
+            "breach": orjson.dumps(b).decode(),
         }
         for r in rows
         if r.changed

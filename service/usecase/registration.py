@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steptally.client.algebra import MetricSpec, SpecConflict, SpecError
+from steptally.client.algebra.errors import AlertRuleError
 from steptally.service.auth.grant import Grant
 from steptally.service.domain.limits import RunLimits, brief
 from steptally.service.domain.run import RunDraft, RunRecord, is_run_name
@@ -54,8 +55,10 @@ def register(
         spec = MetricSpec.build(
             request.metrics, request.derived, request.guards, request.limits.spec, request.alerts
         )
+    except AlertRuleError as exc:
+        raise InvalidSpec(str(exc), "alerts") from None
     except SpecError as exc:
-        raise InvalidSpec(str(exc), "alerts" if "alert" in str(exc) else "metrics") from None
+        raise InvalidSpec(str(exc), "metrics") from None
 
     def decide(existing: RunRecord | None) -> RunDraft:
         if existing is None:

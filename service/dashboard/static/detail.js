@@ -100,12 +100,13 @@ export class StepDetail {
     const found = s.breaches ?? [];
     if (!found.length) return [];
     const rows = found.map((b) => {
-      const against =
-        b.condition === "change_above"
-          ? `|value − mean ${exact(b.mean)}| > ${exact(b.threshold)}`
-          : b.condition === "non_finite"
-            ? "not finite"
-            : `${b.condition.replace("missing_ranks_above", "missing ranks >").replace("above", ">").replace("below", "<")} ${exact(b.threshold)}`;
+      const against = {
+        change_above: () => `|value − mean ${exact(b.mean)}| > ${exact(b.threshold)}`,
+        non_finite: () => "not finite",
+        above: () => `> ${exact(b.threshold)}`,
+        below: () => `< ${exact(b.threshold)}`,
+        missing_ranks_above: () => `missing ranks > ${exact(b.threshold)}`,
+      }[b.condition]();
       const on = b.metric ?? "missing ranks";
       return el(
         "tr",
