@@ -12,7 +12,7 @@ TORCH   := torch==2.13.0
 VERL_VENV := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py service/domain/_partial.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)" -e '.[dev,torch]'

@@ -1,42 +1,65 @@
-"""The exact partial state of some fragments of a step, stored and merged (pure).
+"""The exact partial state of some fragments of a step, stored and merged.
 
 A batch's new fragments of one (step, rank) are combined at ingest, exactly, into a
-:class:`~steptally.client.algebra.StepAccumulator` (:func:`of_cells`: the same
-columns and guards as a finalisation); the store merges it into the pair's stored
-partial, and a finalisation merges the step's partials instead of reading every
-fragment. Merging exact states never changes a bit, so the result is the one the
-fragments give, whatever the grouping.
+partial state (:func:`state_of`: the same columns and guards as a finalisation); the
+store merges it into the pair's stored state (:func:`merge`), and a finalisation merges
+the step's states (:func:`merged`) instead of reading every fragment. Merging exact
+states never changes a bit, so the result is the one the fragments give, whatever the
+grouping.
 
-The stored form (:func:`encode`) is JSON, one entry per metric with values:
+The stored form is binary (version 2), keyed by the run's columns, in column order::
 
-* ``sum``: ``[m, shift, n, nan, +inf, -inf]``, the exact sum in units of 2**-1074
-  being ``m << shift`` (``m`` in hex: it may exceed 64 bits), then the counts;
-* ``count``: ``[total, n]``, the total in hex;
-* ``min``/``max``: ``[bits, n, nan]``, ``bits`` the extreme's float64 bit pattern as a
-  signed integer (None while only NaN arrived).
+    u8 2, u16 entries, then per entry: u16 column, u8 kind (0 sum, 1 count, 2 min, 3 max),
+    u64 n (values folded in), and
+      sum:      u64 nan, u64 +inf, u64 -inf, integer   (the sum in units of 2**-1074)
+      count:    integer                                (the total)
+      min, max: u64 nan, u8 has, f64 best              (best's bits, 0 while none)
+    integer: u16 shift, u16 length, then ``length`` bytes of the value / 256**shift,
+             little-endian two's complement, as few as hold it (0 bytes: zero)
+
+all little-endian. :mod:`._partial` (``_partial.c``, built by the project's install)
+combines full-width fragments and merges states in C, byte for byte as this module
+does in Python, which it falls back to when the extension is not built and for
+fragments that leave cells out or carry exact sums' further terms.
+
+Version 1, the JSON form of earlier releases (``{"metric": [...]}``, see
+:func:`_decode_v1`), is still read.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 from typing import Any
 
 import orjson
 
-from steptally.client.algebra import Kind, MetricSpec, StepAccumulator
+from steptally.client.algebra import Kind, StepAccumulator
 from steptally.client.algebra.exact import CountState, ExtremeState, SumState
 from steptally.service.domain import packing
 from steptally.service.domain.run import RunRecord
 
+kernel: ModuleType | None
+try:
+    from steptally.service.domain import _partial as kernel
+except ImportError:  # not built (no compiler at install): the same bytes, in Python
+    kernel = None
+
+VERSION = 2
+_HEAD = struct.Struct("<BH")
+_ENTRY = struct.Struct("<HBQ")
+_SUM = struct.Struct("<QQQ")
+_EXTREME = struct.Struct("<QBd")
+_INTEGER = struct.Struct("<HH")
 _F64 = struct.Struct("<d")
 _I64 = struct.Struct("<q")
 
 
 def of_cells(run: RunRecord, cells: Sequence[packing.Cell]) -> StepAccumulator:
-    """The exact partial state of ``cells``, packed over ``run``'s columns."""
+    """The exact partial state of ``cells``, packed over ``run``'s columns, in Python."""
     acc = StepAccumulator(run.spec)
-    index = {name: j for j, name in enumerate(run.columns)}
+    index = run.column_of
     guards = {index[m]: index[g] for m, g in run.spec.guards.items()}
     table = packing.columns(cells, len(run.columns), guards)
     tails = packing.tail_columns(cells, len(run.columns))
@@ -45,33 +68,110 @@ def of_cells(run: RunRecord, cells: Sequence[packing.Cell]) -> StepAccumulator:
     return acc
 
 
-def _sum(s: SumState) -> list[Any]:
-    shift = (s.acc & -s.acc).bit_length() - 1 if s.acc else 0
-    return [hex(s.acc >> shift), shift, s.n, s.nan, s.pos_inf, s.neg_inf]
+def state_of(run: RunRecord, cells: Sequence[packing.Cell]) -> bytes:
+    """The stored form of the exact partial state of ``cells``."""
+    width = 8 * len(run.columns)
+    if kernel is not None and all(p is None and t is None and len(v) == width for v, p, t in cells):
+        kinds, guards = run.layout
+        joined = b"".join(v for v, _, _ in cells)
+        return bytes(kernel.combine(joined, len(run.columns), kinds, guards))
+    return encode(run, of_cells(run, cells))
 
 
-def _extreme(s: ExtremeState) -> list[Any]:
-    bits = None if s.best is None else _I64.unpack(_F64.pack(s.best))[0]
-    return [bits, s.n, s.nan]
+def merge(run: RunRecord, states: Sequence[bytes]) -> bytes:
+    """Stored states merged into one stored state."""
+    if kernel is not None and all(s[:1] == b"\x02" for s in states):
+        return bytes(kernel.merge(states))
+    return encode(run, merged(run, states))
 
 
-def encode(acc: StepAccumulator) -> bytes:
+def merged(run: RunRecord, stored: Iterable[bytes]) -> StepAccumulator:
+    """Every stored state of ``stored`` merged into one (exactly, in any order)."""
+    blobs = [bytes(b) for b in stored]
+    if kernel is not None and blobs and all(b[:1] == b"\x02" for b in blobs):
+        return decode(run, kernel.merge(blobs))
+    acc = StepAccumulator(run.spec)
+    for blob in blobs:
+        acc.merge(decode(run, blob))
+    return acc
+
+
+# -- the stored form ------------------------------------------------------------------
+
+
+def _integer(v: int) -> bytes:
+    if not v:
+        return _INTEGER.pack(0, 0)
+    shift = ((v & -v).bit_length() - 1) // 8
+    m = v >> (8 * shift)
+    length = ((m if m >= 0 else ~m).bit_length() + 8) // 8
+    return _INTEGER.pack(shift, length) + m.to_bytes(length, "little", signed=True)
+
+
+def encode(run: RunRecord, acc: StepAccumulator) -> bytes:
     """The stored form of ``acc`` (see the module docstring)."""
-    out: dict[str, list[Any]] = {}
-    for name, state in acc.states.items():
+    column = run.column_of
+    entries = sorted((column[name], state) for name, state in acc.states.items())
+    out = [_HEAD.pack(VERSION, len(entries))]
+    for col, state in entries:
         if isinstance(state, SumState):
-            out[name] = _sum(state)
+            out += [
+                _ENTRY.pack(col, 0, state.n),
+                _SUM.pack(state.nan, state.pos_inf, state.neg_inf),
+                _integer(state.acc),
+            ]
         elif isinstance(state, CountState):
-            out[name] = [hex(state.total), state.n]
+            out += [_ENTRY.pack(col, 1, state.n), _integer(state.total)]
         else:
-            out[name] = _extreme(state)
-    return orjson.dumps(out)
+            has = state.best is not None
+            best = state.best if state.best is not None else 0.0
+            out += [
+                _ENTRY.pack(col, 3 if state.is_max else 2, state.n),
+                _EXTREME.pack(state.nan, has, best),
+            ]
+    return b"".join(out)
 
 
-def decode(spec: MetricSpec, blob: bytes) -> StepAccumulator:
-    """The partial state stored as ``blob`` (:func:`encode`), for a run of ``spec``."""
+def decode(run: RunRecord, blob: bytes) -> StepAccumulator:
+    """The partial state stored as ``blob``, of either version."""
+    if blob[:1] != b"\x02":
+        return _decode_v1(run, blob)
+    acc = StepAccumulator(run.spec)
+    _, entries = _HEAD.unpack_from(blob, 0)
+    at = _HEAD.size
+    for _ in range(entries):
+        col, kind, n = _ENTRY.unpack_from(blob, at)
+        at += _ENTRY.size
+        name = run.columns[col]
+        if kind == 0:
+            nan, pos, neg = _SUM.unpack_from(blob, at)
+            total, at = _read_integer(blob, at + _SUM.size)
+            acc.states[name] = SumState(total, n, nan, pos, neg)
+        elif kind == 1:
+            total, at = _read_integer(blob, at)
+            acc.states[name] = CountState(total, n)
+        else:
+            nan, has, best = _EXTREME.unpack_from(blob, at)
+            at += _EXTREME.size
+            acc.states[name] = ExtremeState(kind == 3, best if has else None, n, nan)
+    return acc
+
+
+def _read_integer(blob: bytes, at: int) -> tuple[int, int]:
+    shift, length = _INTEGER.unpack_from(blob, at)
+    at += _INTEGER.size
+    value = int.from_bytes(blob[at : at + length], "little", signed=True) << (8 * shift)
+    return value, at + length
+
+
+def _decode_v1(run: RunRecord, blob: bytes) -> StepAccumulator:
+    """Version 1, JSON, one entry per metric: ``sum`` ``[hex m, shift, n, nan, +inf,
+    -inf]`` (the sum in units of 2**-1074 being ``m << shift``), ``count`` ``[hex total,
+    n]``, ``min``/``max`` ``[bits, n, nan]`` (the extreme's bits as a signed int64)."""
+    spec = run.spec
     acc = StepAccumulator(spec)
-    for name, v in orjson.loads(blob).items():
+    data: dict[str, list[Any]] = orjson.loads(blob)
+    for name, v in data.items():
         kind = spec.metrics[name]
         if kind is Kind.SUM:
             acc.states[name] = SumState(int(v[0], 16) << v[1], v[2], v[3], v[4], v[5])
@@ -80,12 +180,4 @@ def decode(spec: MetricSpec, blob: bytes) -> StepAccumulator:
         else:
             best = None if v[0] is None else _F64.unpack(_I64.pack(v[0]))[0]
             acc.states[name] = ExtremeState(kind is Kind.MAX, best, v[1], v[2])
-    return acc
-
-
-def merged(spec: MetricSpec, stored: Iterable[bytes]) -> StepAccumulator:
-    """Every partial of ``stored`` merged into one state (exactly, in any order)."""
-    acc = StepAccumulator(spec)
-    for blob in stored:
-        acc.merge(decode(spec, blob))
     return acc

@@ -5,14 +5,17 @@ registration wants it to be (:class:`RunDraft`); its steps at a glance
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from steptally.client.algebra import MetricSpec
+from steptally.client.algebra import Kind, MetricSpec
 from steptally.service.domain.progress import StepStatus
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
+#: a metric kind's code in a stored partial state (:mod:`.partial`)
+KIND_CODES = {Kind.SUM: 0, Kind.COUNT: 1, Kind.MIN: 2, Kind.MAX: 3}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,16 @@ class RunRecord:
         """The column of every metric and derived value (derived ones negative)."""
         derived = {name: -1 - i for i, name in enumerate(self.derived_columns)}
         return {**self.column_of, **derived}
+
+    @cached_property
+    def layout(self) -> tuple[bytes, bytes]:
+        """Each column's kind code (a byte, :data:`KIND_CODES`) and guard column (an
+        int32, -1 for none), as the compiled partial states take them."""
+        kinds = bytes(KIND_CODES[self.spec.metrics[name]] for name in self.columns)
+        guards = [-1] * len(self.columns)
+        for metric, guard in self.spec.guards.items():
+            guards[self.column_of[metric]] = self.column_of[guard]
+        return kinds, struct.pack(f"<{len(guards)}i", *guards)
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,10 +173,10 @@ def write_partials(
         cells.setdefault(key[:2], []).append(batch.fragments[key])
     if not cells:
         return
-    fresh = {pair: partial.of_cells(run, c) for pair, c in cells.items()}
+    fresh = {pair: partial.state_of(run, c) for pair, c in cells.items()}
     rows = [
         {"run_id": run.id, "step": s, "rank": r, "fragments": len(cells[(s, r)]), "state": state}
-        for (s, r), state in ((pair, partial.encode(acc)) for pair, acc in fresh.items())
+        for (s, r), state in fresh.items()
     ]
     inserted = {tuple(k) for k in conn.execute(sql.insert_partials, rows)}
     stored = {pair for pair in fresh if pair not in inserted}
@@ -186,15 +186,13 @@ def write_partials(
     for s, r, n, state in conn.execute(sql.partials_of, keys_params(run.id, stored)):
         if (s, r) not in stored:
             continue
-        acc = fresh[(s, r)]
-        acc.merge(partial.decode(run.spec, bytes(state)))
         updates.append(
             {
                 "k_run": run.id,
                 "k_step": s,
                 "k_rank": r,
                 "v_fragments": n + len(cells[(s, r)]),
-                "v_state": partial.encode(acc),
+                "v_state": partial.merge(run, [bytes(state), fresh[(s, r)]]),
             }
         )
     conn.execute(sql.update_partials, updates)
@@ -217,11 +215,11 @@ def merged_partials(
         cells.setdefault(key[:2], []).append(batch.fragments[key])
     out = []
     for (s, r), mine in cells.items():
-        acc = partial.of_cells(run, mine)
-        n, state = stored.get((s, r), (0, b""))
+        state = partial.state_of(run, mine)
+        n, before = stored.get((s, r), (0, b""))
         if n:
-            acc.merge(partial.decode(run.spec, state))
-        out.append((s, r, n + len(mine), partial.encode(acc)))
+            state = partial.merge(run, [before, state])
+        out.append((s, r, n + len(mine), state))
     return out
 
 
@@ -251,7 +249,7 @@ def load_partials(
         )
     ).all()
     progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
-    return progress, partial.merged(run.spec, (bytes(p.state) for p in parts))
+    return progress, partial.merged(run, (bytes(p.state) for p in parts))
 
 
 def history(

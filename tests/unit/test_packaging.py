@@ -27,3 +27,14 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
             found.add(package)
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert listed - found == set(), "these listed packages have no folder"
+
+
+def test_the_image_builds_from_every_folder_the_install_needs() -> None:
+    # a folder of pyproject's package-dir that the image does not copy fails its install,
+    # and without setup.py the wheel would lack the compiled partial states
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    copied = set()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            copied.update(line.split()[1:-1])
+    assert set(config["package-dir"].values()) | {"pyproject.toml", "setup.py"} <= copied

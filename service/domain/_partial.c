@@ -1,0 +1,445 @@
+/* The exact partial state of fragments, compiled: steptally.service.domain._partial.
+ *
+ * Two functions over the binary form of a partial state that
+ * steptally/service/domain/partial.py defines (and implements in Python, byte for byte
+ * the same):
+ *
+ *   combine(values, width, kinds, guards) -> bytes
+ *       the exact partial state of full-width fragments: ``values`` holds n * width
+ *       little-endian float64 (fragment-major), ``kinds`` one byte per column
+ *       (0 sum, 1 count, 2 min, 3 max), ``guards`` one little-endian int32 per column
+ *       (the guard column, or -1);
+ *   merge(states) -> bytes
+ *       the states of a sequence merged into one.
+ *
+ * A sum is kept as an exact integer in units of 2**-1074: every finite float64 is
+ * m * 2**s there, with a 53-bit m and 0 <= s <= 2045, so it adds into an array of
+ * 32-bit digits held in int64 (carries resolved once, at the end). Nothing is rounded
+ * here; rounding happens once, when a value is reported, in Python.
+ *
+ * Both release the GIL while they work on their own copies.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KIND_SUM 0
+#define KIND_COUNT 1
+#define KIND_MIN 2
+#define KIND_MAX 3
+#define VERSION 2
+#define LIMBS 76 /* 2098 bits of the float64 range, 64 of growth, a sign: 32 bits each */
+#define MAX_COLUMNS 65535
+#define RENORMALISE 1000000 /* adds into one digit between carries, far below 2**31 */
+
+typedef struct {
+    int kind;        /* -1: no value yet */
+    uint64_t n, nan, pinf, ninf;
+    int64_t limb[LIMBS]; /* sum and count: the exact integer, 32-bit digits */
+    int has;         /* min and max */
+    double best;
+    uint64_t adds;
+} State;
+
+/* -- exact integers as digits -------------------------------------------------------- */
+
+static void normalise(int64_t *limb) {
+    for (int i = 0; i < LIMBS - 1; i++) {
+        int64_t carry = limb[i] >> 32; /* arithmetic shift: floor division */
+        limb[i] -= carry * ((int64_t)1 << 32);
+        limb[i + 1] += carry;
+    }
+}
+
+static void add_double(State *st, double x, int negate) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    int exp = (int)((bits >> 52) & 0x7ff);
+    uint64_t m = bits & (((uint64_t)1 << 52) - 1);
+    int neg = (int)(bits >> 63) ^ negate;
+    int s;
+    if (exp == 0) {
+        s = 0; /* subnormal or zero: m * 2**-1074 */
+    } else {
+        m |= (uint64_t)1 << 52;
+        s = exp - 1;
+    }
+    if (m == 0) return;
+    unsigned __int128 v = (unsigned __int128)m << (s & 31);
+    int q = s >> 5;
+    int64_t p0 = (int64_t)(uint32_t)v, p1 = (int64_t)(uint32_t)(v >> 32);
+    int64_t p2 = (int64_t)(uint32_t)(v >> 64);
+    if (neg) {
+        st->limb[q] -= p0;
+        st->limb[q + 1] -= p1;
+        st->limb[q + 2] -= p2;
+    } else {
+        st->limb[q] += p0;
+        st->limb[q + 1] += p1;
+        st->limb[q + 2] += p2;
+    }
+    if (++st->adds >= RENORMALISE) {
+        normalise(st->limb);
+        st->adds = 0;
+    }
+}
+
+/* a count's value: an integer from 0 to 2**63 - 1 (checked before it gets here) */
+static void add_integer(State *st, double x) {
+    uint64_t v = (uint64_t)x;
+    st->limb[0] += (int64_t)(uint32_t)v;
+    st->limb[1] += (int64_t)(uint32_t)(v >> 32);
+    if (++st->adds >= RENORMALISE) {
+        normalise(st->limb);
+        st->adds = 0;
+    }
+}
+
+/* add a stored integer: ``len`` bytes, little-endian two's complement, times 256**shift */
+static int add_bytes(State *st, const unsigned char *b, size_t len, size_t shift) {
+    if (len == 0) return 0;
+    if ((shift + len + 3) / 4 > LIMBS - 2) return -1;
+    for (size_t k = 0; k < len; k++) {
+        int64_t byte = (k == len - 1) ? (int64_t)(int8_t)b[k] : (int64_t)b[k];
+        size_t at = shift + k;
+        st->limb[at / 4] += byte * ((int64_t)1 << (8 * (at % 4)));
+    }
+    if (++st->adds >= RENORMALISE) {
+        normalise(st->limb);
+        st->adds = 0;
+    }
+    return 0;
+}
+
+/* -- the binary form ----------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *buf;
+    size_t len, cap;
+} Out;
+
+static int reserve(Out *o, size_t more) {
+    if (o->len + more <= o->cap) return 0;
+    size_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + more) cap *= 2;
+    unsigned char *p = PyMem_RawRealloc(o->buf, cap);
+    if (p == NULL) return -1;
+    o->buf = p;
+    o->cap = cap;
+    return 0;
+}
+
+static void put_u(Out *o, uint64_t v, int size) {
+    for (int i = 0; i < size; i++) o->buf[o->len++] = (unsigned char)(v >> (8 * i));
+}
+
+/* the integer's shift (whole zero bytes below it) and minimal signed bytes */
+static int put_integer(Out *o, int64_t *limb) {
+    unsigned char raw[4 * LIMBS];
+    normalise(limb);
+    for (int i = 0; i < LIMBS; i++) {
+        uint32_t d = (uint32_t)limb[i];
+        for (int k = 0; k < 4; k++) raw[4 * i + k] = (unsigned char)(d >> (8 * k));
+    }
+    size_t lo = 0, hi = 4 * LIMBS; /* [lo, hi) */
+    while (lo < hi && raw[lo] == 0) lo++;
+    if (lo == hi) { /* zero */
+        if (reserve(o, 4)) return -1;
+        put_u(o, 0, 2);
+        put_u(o, 0, 2);
+        return 0;
+    }
+    while (hi - lo > 1) {
+        unsigned char top = raw[hi - 1], next = raw[hi - 2];
+        if ((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80))) hi--;
+        else break;
+    }
+    if (reserve(o, 4 + hi - lo)) return -1;
+    put_u(o, lo, 2);
+    put_u(o, hi - lo, 2);
+    memcpy(o->buf + o->len, raw + lo, hi - lo);
+    o->len += hi - lo;
+    return 0;
+}
+
+static int encode(Out *o, State *cols, Py_ssize_t width) {
+    Py_ssize_t present = 0;
+    for (Py_ssize_t j = 0; j < width; j++) present += cols[j].kind >= 0;
+    if (reserve(o, 3)) return -1;
+    put_u(o, VERSION, 1);
+    put_u(o, (uint64_t)present, 2);
+    for (Py_ssize_t j = 0; j < width; j++) {
+        State *st = &cols[j];
+        if (st->kind < 0) continue;
+        if (reserve(o, 3 + 41)) return -1;
+        put_u(o, (uint64_t)j, 2);
+        put_u(o, (uint64_t)st->kind, 1);
+        put_u(o, st->n, 8);
+        if (st->kind == KIND_SUM) {
+            put_u(o, st->nan, 8);
+            put_u(o, st->pinf, 8);
+            put_u(o, st->ninf, 8);
+            if (put_integer(o, st->limb)) return -1;
+        } else if (st->kind == KIND_COUNT) {
+            if (put_integer(o, st->limb)) return -1;
+        } else {
+            uint64_t bits;
+            memcpy(&bits, &st->best, 8);
+            put_u(o, st->nan, 8);
+            put_u(o, (uint64_t)st->has, 1);
+            put_u(o, st->has ? bits : 0, 8);
+        }
+    }
+    return 0;
+}
+
+/* -- min and max --------------------------------------------------------------------- */
+
+static int signbit_of(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    return (int)(bits >> 63);
+}
+
+/* the better of two non-NaN values: -0.0 is the smaller zero */
+static double better(double a, double b, int is_max) {
+    if (a == b) return (signbit_of(a) == is_max) ? b : a;
+    if (is_max) return a > b ? a : b;
+    return a < b ? a : b;
+}
+
+static void add_extreme(State *st, double x) {
+    st->n++;
+    if (x != x) {
+        st->nan++;
+    } else if (!st->has) {
+        st->best = x;
+        st->has = 1;
+    } else {
+        st->best = better(st->best, x, st->kind == KIND_MAX);
+    }
+}
+
+/* -- combine ------------------------------------------------------------------------- */
+
+static void init_states(State *cols, Py_ssize_t width) {
+    memset(cols, 0, sizeof(State) * (size_t)width);
+    for (Py_ssize_t j = 0; j < width; j++) cols[j].kind = -1;
+}
+
+static double value_at(const unsigned char *p) {
+    double x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static void combine_into(State *cols, const unsigned char *vals, Py_ssize_t n, Py_ssize_t width,
+                         const unsigned char *kinds, const int32_t *guards) {
+    for (Py_ssize_t j = 0; j < width; j++) {
+        State *st = &cols[j];
+        int kind = kinds[j];
+        int32_t g = guards[j];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const unsigned char *row = vals + 8 * (size_t)(i * width);
+            if (g >= 0 && !(value_at(row + 8 * (size_t)g) > 0)) continue;
+            double x = value_at(row + 8 * (size_t)j);
+            st->kind = kind;
+            if (kind == KIND_SUM) {
+                st->n++;
+                if (x != x) st->nan++;
+                else if (x == HUGE_VAL) st->pinf++;
+                else if (x == -HUGE_VAL) st->ninf++;
+                else add_double(st, x, 0);
+            } else if (kind == KIND_COUNT) {
+                st->n++;
+                add_integer(st, x);
+            } else {
+                add_extreme(st, x);
+            }
+        }
+    }
+}
+
+static PyObject *finish(State *cols, Py_ssize_t width) {
+    Out o = {NULL, 0, 0};
+    if (encode(&o, cols, width)) {
+        PyMem_RawFree(o.buf);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)o.buf, (Py_ssize_t)o.len);
+    PyMem_RawFree(o.buf);
+    return out;
+}
+
+static PyObject *combine(PyObject *self, PyObject *args) {
+    Py_buffer values, kinds, guards;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*ny*y*", &values, &width, &kinds, &guards)) return NULL;
+    PyObject *out = NULL;
+    State *cols = NULL;
+    if (width <= 0 || width > MAX_COLUMNS || kinds.len != width || guards.len != 4 * width ||
+        values.len % (8 * width)) {
+        PyErr_SetString(PyExc_ValueError, "values, kinds and guards do not fit the width");
+        goto done;
+    }
+    const unsigned char *k = kinds.buf;
+    int32_t *g = PyMem_Malloc(sizeof(int32_t) * (size_t)width);
+    if (g == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < width; j++) {
+        const unsigned char *p = (const unsigned char *)guards.buf + 4 * j;
+        g[j] = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                         (uint32_t)p[3] << 24);
+        if (k[j] > KIND_MAX || g[j] >= width || g[j] < -1) {
+            PyMem_Free(g);
+            PyErr_SetString(PyExc_ValueError, "a kind or a guard is out of range");
+            goto done;
+        }
+    }
+    cols = PyMem_RawMalloc(sizeof(State) * (size_t)width);
+    if (cols == NULL) {
+        PyMem_Free(g);
+        PyErr_NoMemory();
+        goto done;
+    }
+    init_states(cols, width);
+    Py_BEGIN_ALLOW_THREADS
+    combine_into(cols, values.buf, values.len / (8 * width), width, k, g);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(g);
+    out = finish(cols, width);
+done:
+    PyMem_RawFree(cols);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&guards);
+    return out;
+}
+
+/* -- merge --------------------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Reader;
+
+static int get_u(Reader *r, int size, uint64_t *v) {
+    if (r->end - r->p < size) return -1;
+    *v = 0;
+    for (int i = 0; i < size; i++) *v |= (uint64_t)r->p[i] << (8 * i);
+    r->p += size;
+    return 0;
+}
+
+static int get_integer(Reader *r, State *st) {
+    uint64_t shift, len;
+    if (get_u(r, 2, &shift) || get_u(r, 2, &len) || r->end - r->p < (ptrdiff_t)len) return -1;
+    if (add_bytes(st, r->p, (size_t)len, (size_t)shift)) return -1;
+    r->p += len;
+    return 0;
+}
+
+/* room for column ``col`` in ``*cols`` (``*cap`` of them), new ones empty */
+static int room(State **cols, Py_ssize_t *cap, Py_ssize_t col) {
+    if (col < *cap) return 0;
+    Py_ssize_t want = *cap ? *cap : 64;
+    while (want <= col) want *= 2;
+    State *p = PyMem_RawRealloc(*cols, sizeof(State) * (size_t)want);
+    if (p == NULL) return -1;
+    init_states(p + *cap, want - *cap);
+    *cols = p;
+    *cap = want;
+    return 0;
+}
+
+static int merge_one(State **cols, Py_ssize_t *cap, Py_ssize_t *width, Reader *r) {
+    uint64_t version, count;
+    if (get_u(r, 1, &version) || version != VERSION || get_u(r, 2, &count)) return -1;
+    for (uint64_t e = 0; e < count; e++) {
+        uint64_t col, kind, n;
+        if (get_u(r, 2, &col) || get_u(r, 1, &kind) || kind > KIND_MAX || get_u(r, 8, &n))
+            return -1;
+        if (room(cols, cap, (Py_ssize_t)col)) return -2;
+        State *st = &(*cols)[col];
+        if (st->kind >= 0 && st->kind != (int)kind) return -1;
+        st->kind = (int)kind;
+        st->n += n;
+        if ((Py_ssize_t)col >= *width) *width = (Py_ssize_t)col + 1;
+        if (kind == KIND_SUM) {
+            uint64_t nan, pinf, ninf;
+            if (get_u(r, 8, &nan) || get_u(r, 8, &pinf) || get_u(r, 8, &ninf)) return -1;
+            st->nan += nan;
+            st->pinf += pinf;
+            st->ninf += ninf;
+            if (get_integer(r, st)) return -1;
+        } else if (kind == KIND_COUNT) {
+            if (get_integer(r, st)) return -1;
+        } else {
+            uint64_t nan, has, bits;
+            if (get_u(r, 8, &nan) || get_u(r, 1, &has) || get_u(r, 8, &bits)) return -1;
+            st->nan += nan;
+            if (has) {
+                double x;
+                memcpy(&x, &bits, 8);
+                st->best = st->has ? better(st->best, x, kind == KIND_MAX) : x;
+                st->has = 1;
+            }
+        }
+    }
+    return r->p == r->end ? 0 : -1;
+}
+
+static PyObject *merge(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "merge() takes a sequence of states");
+    if (seq == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    State *cols = NULL;
+    Py_ssize_t cap = 0, width = 0;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(items[i], &b, PyBUF_SIMPLE)) goto done;
+        Reader r = {b.buf, (const unsigned char *)b.buf + b.len};
+        int bad = merge_one(&cols, &cap, &width, &r);
+        PyBuffer_Release(&b);
+        if (bad == -2) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (bad) {
+            PyErr_Format(PyExc_ValueError, "state %zd is not a partial state of version %d", i,
+                         VERSION);
+            goto done;
+        }
+    }
+    if (room(&cols, &cap, 0)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = finish(cols, width);
+done:
+    PyMem_RawFree(cols);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"combine", combine, METH_VARARGS,
+     "combine(values, width, kinds, guards) -> the exact partial state of full-width fragments"},
+    {"merge", merge, METH_O, "merge(states) -> one partial state"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_partial",
+    .m_doc = "Exact partial states, compiled (see partial.py).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__partial(void) { return PyModule_Create(&module); }
