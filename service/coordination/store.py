@@ -81,6 +81,10 @@ class SchedulableStore(Store, Protocol):
         """An open step's deadline; None when the step is not open (or unknown)."""
         ...
 
+    def finalise_stranded(self, now: float) -> list[FinalisedStep]:
+        """Once: the steps complete by their counters that are not finalised so."""
+        ...
+
     def open_deadlines(self) -> Iterator[tuple[int, int, float]]:
         """Every open step as ``(run_id, step, deadline)``."""
         ...
@@ -209,7 +213,7 @@ class CoordinatedStore:
         except (RedisError, OSError) as exc:
             self._lost(exc)
             return self.sql.sweep(now, limit)
-        out: list[FinalisedStep] = []
+        out: list[FinalisedStep] = self.sql.finalise_stranded(now)
         for item in due:
             try:
                 token = self.schedule.claim(item)

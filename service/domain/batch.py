@@ -59,6 +59,10 @@ class PreparedBatch:
     # each item's index in the body (its first occurrence), and back
     origin: dict[FragmentKey, int] = field(default_factory=dict)
     commit_origin: dict[CommitKey, int] = field(default_factory=dict)
+    # per (step, rank): how many fragments, and the stored form of their exact partial
+    # state (:func:`steptally.service.domain.partial.states_of`), computed before the
+    # store's transaction; a pair left out is computed there
+    states: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
 
     def steps(self) -> list[int]:
         return sorted({k[0] for k in self.fragments} | {k[0] for k in self.commits})
@@ -110,6 +114,7 @@ def merge(batches: Sequence[PreparedBatch]) -> PreparedBatch | None:
         seen |= pairs
         out.fragments.update(batch.fragments)
         out.commits.update(batch.commits)
+        out.states.update(batch.states)
     return out
 
 

@@ -29,7 +29,7 @@ Version 1, the JSON form of earlier releases (``{"metric": [...]}``, see
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -76,6 +76,16 @@ def state_of(run: RunRecord, cells: Sequence[packing.Cell]) -> bytes:
         joined = b"".join(v for v, _, _ in cells)
         return bytes(kernel.combine(joined, len(run.columns), kinds, guards))
     return encode(run, of_cells(run, cells))
+
+
+def states_of(
+    run: RunRecord, fragments: Mapping[tuple[int, int, int], packing.Cell]
+) -> dict[tuple[int, int], tuple[int, bytes]]:
+    """Per (step, rank) of ``fragments``: their number and their state's stored form."""
+    pairs: dict[tuple[int, int], list[packing.Cell]] = {}
+    for key, cell in fragments.items():
+        pairs.setdefault(key[:2], []).append(cell)
+    return {pair: (len(cells), state_of(run, cells)) for pair, cells in pairs.items()}
 
 
 def merge(run: RunRecord, states: Sequence[bytes]) -> bytes:

@@ -85,13 +85,14 @@ def is_due(state: StepState, now: float) -> bool:
 
 @dataclass(slots=True)
 class Probe:
-    """What a batch's transaction knows after locking its steps and inserting its rows.
+    """What a batch's transaction knows once it holds the batch's (step, rank) pairs.
 
-    ``new_frags`` and ``new_commits`` are the keys that were not stored before;
-    ``declared`` holds the stored commits (new or old) that the checks need, by
-    (step, rank); ``top_seq`` the highest stored ``seq`` of each newly committing pair
-    (this batch's fragments included). ``partials``, when the store read them with the
-    probe, holds the stored partial rows (fragments, state) of the batch's pairs.
+    ``steps`` are the batch's steps as read (a step not stored yet as :func:`opened`);
+    ``new_frags`` and ``new_commits`` the keys that were not stored before; ``declared``
+    holds the stored commits (new or old) that the checks need, by (step, rank);
+    ``top_seq`` the highest stored ``seq`` of each newly committing pair (this batch's
+    fragments included); ``partials`` the stored partial rows (fragments, state) of the
+    batch's pairs, a pair with none left out.
     """
 
     steps: dict[int, StepState]
@@ -99,7 +100,7 @@ class Probe:
     new_commits: list[CommitKey]
     declared: dict[CommitKey, int]
     top_seq: dict[CommitKey, int]
-    partials: dict[CommitKey, tuple[int, bytes]] | None = None
+    partials: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
 
 
 def duplicates(batch: PreparedBatch, probe: Probe) -> set[FragmentKey]:
@@ -164,15 +165,27 @@ def check(batch: PreparedBatch, probe: Probe) -> None:
             )
 
 
+@dataclass(slots=True)
+class Delta:
+    """What a batch added to one step's counters."""
+
+    received: int = 0
+    committed: int = 0
+    expected: int = 0
+
+
 def count(
     steps: Mapping[int, StepState],
     new_frags: Iterable[FragmentKey],
     new_commits: Mapping[CommitKey, int],
-) -> None:
-    """Add the new fragments and commits (with their declared counts) to the counters."""
+) -> dict[int, Delta]:
+    """Add the new fragments and commits (with their declared counts) to the counters;
+    returns what was added, per step."""
+    added: defaultdict[int, Delta] = defaultdict(Delta)
     for s, n in Counter(k[0] for k in new_frags).items():
         steps[s].received += n
         steps[s].changed = True
+        added[s].received += n
     per_step: defaultdict[int, list[int]] = defaultdict(list)
     for (s, _), n in new_commits.items():
         per_step[s].append(n)
@@ -182,6 +195,9 @@ def count(
         state.expected += sum(counts)
         state.missing_ranks -= len(counts)
         state.changed = True
+        added[s].committed += len(counts)
+        added[s].expected += sum(counts)
+    return dict(added)
 
 
 def next_status(world_size: int, state: StepState) -> StepStatus | None:

@@ -12,35 +12,37 @@ talks to. A dialect brings:
 * ``writer_lock()``: what the writers of one store queue on (SQLite has one writer at a
   time; PostgreSQL locks rows);
 * ``for_update(stmt)``: a read that locks its rows until the transaction ends;
-* ``probe`` and ``finish``: the two ends of a batch's transaction, around the step
-  rules (:mod:`.sql_ingest`): lock the steps, insert, read back what the checks need;
-  then write the step rows and values, and commit or release the batch's savepoint;
-* ``lock_group``: lock up front every step a group of batches touches, where the
-  database has row locks (so groups of several replicas never deadlock);
+* ``probe`` and ``apply``: the two ends of a batch's transaction, around the step
+  rules (:mod:`.sql_ingest`): hold the batch's (step, rank) pairs and read back what
+  the checks need; then write the new rows, the partial rows and the steps' counters;
+* ``finalises_after_commit``: whether a batch stored alone commits in ``apply`` and has
+  its steps finalised in a transaction of their own (PostgreSQL, where a step's row is
+  then locked only while its counters change) or inside its own (SQLite);
+* ``lock_group``: hold up front every pair a group of batches touches, where writers
+  run side by side (so groups of several replicas never wait in a circle);
 * ``downsample``: a long series' kept steps in one statement (:mod:`.sql_series`).
 
-:class:`SqliteDialect` runs plain Core statements; :class:`~.sql_postgres.PostgresDialect`
-pipelines them.
+:class:`SqliteDialect` sends its statements through the driver, one at a time;
+:class:`~.sql_postgres.PostgresDialect` pipelines them, two round trips a batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.dialects import sqlite
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
-from steptally.service.domain.packing import Cell
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import Probe, StepState
+from steptally.service.domain.step import Delta, Probe, StepState, opened
 from steptally.service.store import sql_series
 from steptally.service.store.sql_postgres import PostgresDialect
-from steptally.service.store.sql_statement import Statements, core, keys_params
-from steptally.service.store.sql_step import PartialRow, lock_steps, upsert_partials, write_steps
+from steptally.service.store.sql_statement import SQLITE, Statements, core
+from steptally.service.store.sql_step import PartialRow, state_of_tuple, step_tuple
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
 
@@ -49,6 +51,7 @@ class Dialect(Protocol):
     name: str
     sql: Statements
     default_group: int
+    finalises_after_commit: bool  # a batch alone: its steps finalised after its commit
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]: ...
 
@@ -62,30 +65,33 @@ class Dialect(Protocol):
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """Lock (or create) the batch's steps, insert its fragments and commits, and read
-        back what :func:`~steptally.service.domain.step.check` needs; ``savepoint``:
-        open it first."""
+        """Hold the batch's (step, rank) pairs and read back what
+        :func:`~steptally.service.domain.step.check` needs (the dialect may insert the
+        fragments and commits here); ``savepoint``: open it first."""
         ...
 
-    def finish(
+    def apply(
         self,
         conn: Connection,
-        run_id: int,
-        rows: Sequence[StepState],
-        savepoint: str | None,
-        partials: Sequence[PartialRow] = (),
-    ) -> None:
-        """Write the changed step rows (and the values of those finalised) and the
-        ``partials`` rows; then release ``savepoint``, or (None) leave the transaction
-        durable or for the caller to commit."""
+        run: RunRecord,
+        batch: PreparedBatch,
+        found: Probe,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+        alone: bool,
+    ) -> list[StepState]:
+        """Write what the probe did not (the new fragments and commits), the
+        ``partials`` rows and the steps' counters (``added`` to what they held, a new
+        step first seen at ``now``); returns the steps ``added`` names as they now stand,
+        changed. ``alone``: the batch is the whole transaction (a dialect that
+        finalises after commit commits it here)."""
         ...
 
-    def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> bool:
-        """Create and lock every step row of a group up front; whether it did (then the
-        rows only failed batches wanted are dropped with :meth:`drop_empty_steps`)."""
+    def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
+        """Hold, up front and in one order, every pair a group of batches will touch
+        (so that groups of several writers never wait on each other in a circle)."""
         ...
-
-    def drop_empty_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> None: ...
 
     def downsample(
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
@@ -95,11 +101,14 @@ class Dialect(Protocol):
 
 
 class SqliteDialect:
-    """SQLite: one writer at a time, queued on the store's own lock; plain statements."""
+    """SQLite: one writer at a time (the whole database is its lock), queued on the
+    store's own lock; the statements of :data:`.sql_statement.SQLITE`, through the
+    driver. It reads before it writes, so it inserts only what is new."""
 
     name = "sqlite"
     sql = core(sqlite.insert)
     default_group = 64
+    finalises_after_commit = False
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
         return threading.Lock()
@@ -115,48 +124,76 @@ class SqliteDialect:
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """The probe as plain statements, reading only what the checks will use."""
+        """The stored steps, partial rows and commits of the batch's pairs; the stored
+        keys of its fragments where a pair has any (a pair without a partial row has
+        no fragment stored)."""
+        db = _driver(conn)
         if savepoint is not None:
-            conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
-        sql = self.sql
-        steps = lock_steps(conn, sql, run, batch.steps(), now)
-        new_frags = _insert(conn, sql.insert_fragments, run, batch.fragments, _fragment_row)
-        new_commits = _insert(conn, sql.insert_commits, run, batch.commits, _commit_row)
-        fresh = set(new_commits)
-        # a pair committed in this batch had no commit before; others may, if the step has any
-        wanted = (set(batch.commits) - fresh) | {
-            (s, r) for s, r, _ in new_frags if (s, r) not in fresh and steps[s].committed_ranks
+            db.execute(f"SAVEPOINT {savepoint}")
+        text, run_id = SQLITE, run.id
+        steps_wanted = batch.steps()
+        pairs = batch.pairs()
+        steps_json, ranks_json = _json(steps_wanted), _json({p[1] for p in pairs})
+        steps = {r[1]: state_of_tuple(r) for r in db.execute(text.steps_of, (run_id, steps_json))}
+        for s in steps_wanted:
+            if s not in steps:
+                steps[s] = opened(run, s, now)
+        parts = {
+            (s, r): (n, bytes(st))
+            for s, r, n, st in db.execute(text.partials_of, (run_id, steps_json, ranks_json))
+            if (s, r) in pairs
         }
-        declared = {k: batch.commits[k] for k in fresh}
-        if wanted:
-            for s, r, n in conn.execute(sql.commits_of, keys_params(run.id, wanted)):
-                if (s, r) in wanted:
-                    declared[(s, r)] = n
-        top_seq = {}
-        if fresh:
-            for s, r, top in conn.execute(sql.max_seq_of, keys_params(run.id, fresh)):
-                if (s, r) in fresh:
-                    top_seq[(s, r)] = top
-        return Probe(steps, new_frags, new_commits, declared, top_seq)
+        stored_commits = {
+            (s, r): n
+            for s, r, n in db.execute(text.commits_of, (run_id, steps_json, ranks_json))
+            if (s, r) in pairs
+        }
+        known = [k for k in batch.fragments if k[:2] in parts]
+        stored_keys: set[FragmentKey] = set()
+        if known:
+            params = (run_id, _json({k[0] for k in known}), _json({k[1] for k in known}))
+            rows = db.execute(text.fragment_keys_of, (*params, _json({k[2] for k in known})))
+            stored_keys = {tuple(r) for r in rows} & set(known)
+        new_frags = [k for k in batch.fragments if k not in stored_keys]
+        new_commits = [k for k in batch.commits if k not in stored_commits]
+        declared = {**stored_commits, **{k: batch.commits[k] for k in new_commits}}
+        top_seq = _top_seq(db, run_id, batch, new_commits, parts)
+        return Probe(steps, new_frags, new_commits, declared, top_seq, parts)
 
-    def finish(
+    def apply(
         self,
         conn: Connection,
-        run_id: int,
-        rows: Sequence[StepState],
-        savepoint: str | None,
-        partials: Sequence[PartialRow] = (),
-    ) -> None:
-        upsert_partials(conn, self.sql, run_id, list(partials))
-        write_steps(conn, self.sql, run_id, rows)
-        if savepoint is not None:
-            conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
+        run: RunRecord,
+        batch: PreparedBatch,
+        found: Probe,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+        alone: bool,
+    ) -> list[StepState]:
+        """The new fragments, commits and partial rows, then each changed step's row
+        with its counters as the probe read them plus ``added`` (one writer: they are
+        current)."""
+        db, run_id, text = _driver(conn), run.id, SQLITE
+        if found.new_frags:
+            cells = batch.fragments
+            db.executemany(
+                text.insert_fragments, [(run_id, *k, *cells[k]) for k in found.new_frags]
+            )
+        if found.new_commits:
+            commits = batch.commits
+            db.executemany(
+                text.insert_commits, [(run_id, *k, commits[k]) for k in found.new_commits]
+            )
+        if partials:
+            db.executemany(text.upsert_partials, [(run_id, *row) for row in partials])
+        changed = [found.steps[s] for s in sorted(added)]
+        if changed:
+            db.executemany(text.upsert_steps, [step_tuple(run_id, row) for row in changed])
+        return changed
 
-    def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> bool:
-        return False  # the group's transaction holds the whole database already
-
-    def drop_empty_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> None:
-        pass  # lock_group creates no rows
+    def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
+        pass  # the group's transaction holds the whole database already
 
     def downsample(
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
@@ -164,35 +201,38 @@ class SqliteDialect:
         return sql_series.downsampled(conn, params, in_range)
 
 
-def _fragment_row(run_id: int, key: FragmentKey, cell: Cell) -> dict[str, Any]:
-    s, r, q = key
-    return {
-        "run_id": run_id,
-        "step": s,
-        "rank": r,
-        "seq": q,
-        "values_f64": cell[0],
-        "present": cell[1],
-        "tails": cell[2],
-    }
+def _driver(conn: Connection) -> Any:
+    db = conn.connection.driver_connection
+    assert db is not None
+    return db
 
 
-def _commit_row(run_id: int, key: CommitKey, n: int) -> dict[str, Any]:
-    return {"run_id": run_id, "step": key[0], "rank": key[1], "fragments": n}
+def _json(numbers: Iterable[int]) -> str:
+    return "[" + ",".join(map(str, sorted(numbers))) + "]"
 
 
-def _insert(
-    conn: Connection,
-    stmt: Any,
-    run: RunRecord,
-    items: Mapping[Any, Any],
-    row: Callable[[int, Any, Any], dict[str, Any]],
-) -> list[Any]:
-    """Insert ``items`` with ``ON CONFLICT DO NOTHING``; the keys that were new."""
-    if not items:
-        return []
-    params = [row(run.id, k, v) for k, v in items.items()]
-    return [tuple(k) for k in conn.execute(stmt, params)]
+def _top_seq(
+    db: Any,
+    run_id: int,
+    batch: PreparedBatch,
+    new_commits: Sequence[CommitKey],
+    parts: Mapping[CommitKey, Any],
+) -> dict[CommitKey, int]:
+    """The highest ``seq`` of each newly committing pair, stored or in this batch."""
+    if not new_commits:
+        return {}
+    fresh = set(new_commits)
+    top: dict[CommitKey, int] = {}
+    for s, r, q in batch.fragments:
+        if (s, r) in fresh and q > top.get((s, r), -1):
+            top[(s, r)] = q
+    stored = [k for k in new_commits if k in parts]
+    if stored:
+        params = (run_id, _json({k[0] for k in stored}), _json({k[1] for k in stored}))
+        for s, r, q in db.execute(SQLITE.max_seq_of, params):
+            if (s, r) in fresh and q > top.get((s, r), -1):
+                top[(s, r)] = q
+    return top
 
 
 def dialect_for(engine: Engine) -> Dialect:

@@ -149,8 +149,11 @@ class Fragment(Base):
 class Partial(Base):
     """The exact partial state of the fragments stored for one (step, rank): what a
     finalisation merges instead of reading every fragment (see
-    :mod:`steptally.service.domain.partial`). Merged under the step's row lock by every
-    batch that brings new fragments of the pair; ``fragments`` counts them."""
+    :mod:`steptally.service.domain.partial`). Every pair with fragments has one (ingest
+    takes a pair without one to have none stored); a batch that brings new fragments of
+    the pair merges them in while it holds the pair. ``fragments`` counts those the
+    state holds: fewer than the pair's fragments only for fragments stored before
+    partial rows existed, which a finalisation then reads themselves."""
 
     __tablename__ = "partials"
 

@@ -20,6 +20,7 @@ grouping off.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 from sqlalchemy import Connection, Engine, select
@@ -28,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
-from steptally.service.domain.step import is_due
+from steptally.service.domain.step import StepState, is_due
 from steptally.service.store import sql_ingest, sql_query
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
@@ -42,10 +43,13 @@ from steptally.service.store.protocol import (
     SeriesRows,
     StepRecord,
 )
+from steptally.service.store.sql_ingest import Stored
 from steptally.service.store.sql_run import load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
+
+log = logging.getLogger(__name__)
 
 
 class SqlStore:
@@ -64,6 +68,7 @@ class SqlStore:
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
+        self._recovered = False  # see finalise_stranded
         self._writers = self.dialect.writer_lock()
         if group_max_batches is None:
             group_max_batches = self.dialect.default_group
@@ -137,7 +142,9 @@ class SqlStore:
 
     def _ingest_alone(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         with self._write() as conn:
-            return sql_ingest.ingest(conn, self.dialect, run, batch, now, _reloader(conn, run))
+            stored = sql_ingest.ingest(conn, self.dialect, run, batch, now, _reloader(conn, run))
+        self._finalise_after(run, [stored], [now])
+        return stored.outcome
 
     def _ingest_group(self, group: list[Pending]) -> None:
         """Store a group of batches in one transaction, each all-or-nothing in its own
@@ -153,16 +160,14 @@ class SqlStore:
         if len({p.run.id for p in group}) == 1 and self._ingest_merged(group):
             return
         with self._write() as conn:
-            locked = self.dialect.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
+            self.dialect.lock_group(conn, [(p.run, p.batch, p.now) for p in group])
             for p in group:
                 try:
                     p.outcome = sql_ingest.ingest(
                         conn, self.dialect, p.run, p.batch, p.now, _reloader(conn, p.run), True
-                    )
+                    ).outcome
                 except Exception as exc:
                     p.error = exc
-            if locked:
-                self._drop_unused_steps(conn, group)
 
     def _ingest_merged(self, group: list[Pending]) -> bool:
         """Store a group of one run with one batch's statements (:func:`.sql_ingest.ingest_merged`);
@@ -170,29 +175,43 @@ class SqlStore:
         run = group[0].run
         try:
             with self._write() as conn:
-                outcomes = sql_ingest.ingest_merged(
+                stored = sql_ingest.ingest_merged(
                     conn, self.dialect, run, [(p.batch, p.now) for p in group], _reloader(conn, run)
                 )
         except Exception:  # NotMerged, or a batch the database refused: one by one
             return False
-        for p, outcome in zip(group, outcomes, strict=True):
-            p.outcome = outcome
+        try:
+            self._finalise_after(run, stored, [p.now for p in group])
+        finally:
+            for p, one in zip(group, stored, strict=True):
+                p.outcome = one.outcome
         return True
 
-    def _drop_unused_steps(self, conn: Connection, group: list[Pending]) -> None:
-        """The rows the dialect's ``lock_group`` created only for failed batches."""
-        failed: dict[int, set[int]] = {}
-        for p in group:
-            if p.error is not None:
-                failed.setdefault(p.run.id, set()).update(p.batch.steps())
-        for p in group:
-            if p.error is None:
-                failed.get(p.run.id, set()).difference_update(p.batch.steps())
-        for run_id, steps in sorted(failed.items()):
-            if steps:
-                self.dialect.drop_empty_steps(conn, run_id, sorted(steps))
+    def _finalise_after(self, run: RunRecord, stored: list[Stored], nows: list[float]) -> None:
+        """Where the dialect finalises after the commit: the steps each committed batch
+        completed (or changed after a partial finalisation), each in a transaction that
+        locks its row, the finalisations added to that batch's outcome."""
+        if not self.dialect.finalises_after_commit:
+            return
+        for one, now in zip(stored, nows, strict=True):
+            steps = [r.step for r in sql_ingest.due(run.world_size, one.changed)]
+            if not steps:
+                continue
+            try:
+                with self._write() as conn:
+                    done = sql_ingest.finalise_due(
+                        conn, self.dialect, run, _reloader(conn, run), steps, now
+                    )
+            except Exception:  # the batch is durable: the sweep finalises its steps
+                log.exception(
+                    "finalising steps %s of run %r failed; the sweep will", steps, run.name
+                )
+                continue
+            one.outcome.finalised.extend(done)
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
+        """Finalise the open steps that are due (and, the first time, the stranded ones:
+        :meth:`finalise_stranded`)."""
         with transaction(self.engine, write=False) as conn:
             due = conn.execute(
                 select(STEPS.c.run_id, STEPS.c.step)
@@ -200,18 +219,39 @@ class SqlStore:
                 .order_by(STEPS.c.deadline)
                 .limit(limit)
             ).all()
-        out = []
+        out = self.finalise_stranded(now)
         for run_id, step in due:
             done = self.finalise_due(run_id, step, now)
             if done is not None:
                 out.append(done)
         return out
 
+    def finalise_stranded(self, now: float) -> list[FinalisedStep]:
+        """Once per store, at its first sweep: finalise the steps whose counters say
+        complete but that are open or partial. On PostgreSQL a batch's steps are
+        finalised after its commit; a process stopped between the two leaves them so
+        (the deadline would finalise them too, later)."""
+        if self._recovered or not self.dialect.finalises_after_commit:
+            return []
+        c = STEPS.c
+        with transaction(self.engine, write=False) as conn:
+            rows = conn.execute(
+                select(c.run_id, c.step).where(
+                    c.status.in_([StepStatus.OPEN.value, StepStatus.PARTIAL.value]),
+                    c.missing_ranks == 0,
+                    c.received == c.expected,
+                )
+            ).all()
+        out = [done for run_id, step in rows if (done := self.finalise_due(run_id, step, now))]
+        self._recovered = True
+        return out
+
     def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
-        """Finalise one step as partial if it is still open and due at ``now``."""
+        """Finalise one step if it is still open and due at ``now`` (as partial unless it
+        is complete), or complete."""
         with self._write() as conn:
             row = lock_step(conn, self.dialect.for_update, run_id, step)
-            if row is None or not is_due(row, now):
+            if row is None or not (is_due(row, now) or _is_stranded(row)):
                 return None  # another instance got there first
             run = load_run(conn, run_id=run_id)
             assert run is not None
@@ -282,6 +322,15 @@ class SqlStore:
     def exposition_snapshot(self) -> list[RunSnapshot]:
         with transaction(self.engine, write=False) as conn:
             return sql_query.snapshot(conn, load_runs(conn))
+
+
+def _is_stranded(row: StepState) -> bool:
+    """Complete by its counters, yet open or partial."""
+    return (
+        row.status is not StepStatus.COMPLETE
+        and row.missing_ranks == 0
+        and row.received == row.expected
+    )
 
 
 def _reloader(conn: Connection, run: RunRecord) -> Callable[[], RunRecord]:

@@ -1,18 +1,21 @@
-"""One batch into SQL, all or nothing, in one transaction: fetching and writing
-around the step rules of :mod:`steptally.service.domain.step`.
+"""One batch into SQL, all or nothing: fetching and writing around the step rules of
+:mod:`steptally.service.domain.step`.
 
-Order inside the transaction: lock (or create) the batch's step rows, which
-serialises every writer of those steps; bulk-insert fragments and commits with
-``ON CONFLICT DO NOTHING RETURNING``; read back the commits and top sequence
-numbers the checks need (the *probe*); read the stored values of only the fragments
-that collided, for the duplicate check; apply the commit checks; update the step
-counters; merge the new fragments into their (step, rank) partial rows; finalise
-what is now complete, or what changed after a partial finalisation. Any error
-raises and rolls everything back.
+A batch's transaction first holds the batch's (step, rank) pairs, so that no other
+writer changes what the rules read of them; then the dialect's *probe* reads (and, on
+PostgreSQL, inserts) what the checks need; the rules run; the dialect's *apply* writes
+the new fragments and commits, each pair's partial row (the stored state merged with
+the state of the pair's new fragments, :mod:`steptally.service.domain.partial`) and
+the steps' counters, and returns the changed steps as they now stand. Only then are
+steps finalised: inside the transaction on SQLite and for a batch in a savepoint (its
+steps are finalised before the next batch of the group reads them); on PostgreSQL, a
+batch stored alone or a merged group commits with its last round trip and the steps it
+completed are finalised at once in a transaction of their own (:func:`finalise_due`),
+so that a step's row is locked only for the moment its counters change. Any error
+raises before anything is written, so a batch is all or nothing.
 
-The probe and the final write are the only dialect-specific parts: the store's
-:class:`~steptally.service.store.dialect.Dialect` runs them (PostgreSQL pipelines
-them), and this module only fetches and writes around the rules.
+The probe and apply are dialect-specific (:class:`~.dialect.Dialect`); this module
+only fetches and writes around the rules.
 
 A group of batches (:mod:`.group_commit`) of one run whose (step, rank) pairs are
 disjoint is stored by :func:`ingest_merged` with the statements of ONE batch: one
@@ -25,26 +28,33 @@ the group touches it; then, or when any batch breaks a rule, it raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
+from steptally.service.domain import partial
 from steptally.service.domain import step as rules
-from steptally.service.domain.batch import FragmentKey, PreparedBatch, merge
+from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch, merge
+from steptally.service.domain.packing import Cell
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import Probe, StepState
+from steptally.service.domain.step import Delta, Probe, StepState
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import (
-    PartialRow,
-    finalise_row,
-    merged_partials,
-    upsert_partials,
-    write_partials,
-)
+from steptally.service.store.sql_step import PartialRow, finalise_row, lock_steps_of, write_steps
 
 SAVEPOINT = "steptally_batch"
+Reload = Callable[[], RunRecord]
+
+
+@dataclass(slots=True)
+class Stored:
+    """A batch stored, its steps not yet finalised: its counts, and the steps it
+    changed as they now stand (to finalise those that :func:`due` names)."""
+
+    outcome: IngestOutcome
+    changed: list[StepState]
 
 
 def ingest(
@@ -53,53 +63,62 @@ def ingest(
     run: RunRecord,
     batch: PreparedBatch,
     now: float,
-    reload: Callable[[], RunRecord],
+    reload: Reload,
     savepoint: bool = False,
-) -> IngestOutcome:
+) -> Stored:
     """Store ``batch``; ``reload`` reads the run's current spec when a step is finalised.
 
     Alone (``savepoint=False``) the batch is the whole transaction, and the dialect's
-    ``finish`` may commit it (PostgreSQL does). In a group (``savepoint=True``) the
-    batch runs inside its own savepoint, released at the end; if it raises, the
-    transaction is rolled back to the savepoint (so nothing of the batch remains) and
-    the error propagates.
+    ``apply`` may commit it (PostgreSQL does: then the steps it changed are finalised
+    by :func:`finalise_due` after it). In a group (``savepoint=True``) the batch runs
+    inside its own savepoint, its steps finalised in it, released at the end; if it
+    raises, the transaction is rolled back to the savepoint (so nothing of the batch
+    remains) and the error propagates.
     """
     if not savepoint:
-        return _ingest(conn, dialect, run, batch, now, reload, None)
+        stored = _store(conn, dialect, run, batch, now, None)
+        if not dialect.finalises_after_commit:
+            stored.outcome.finalised.extend(
+                _finalise(conn, dialect, run, reload, stored.changed, now)
+            )
+        return stored
     try:  # the dialect's probe opens the savepoint
-        return _ingest(conn, dialect, run, batch, now, reload, SAVEPOINT)
+        stored = _store(conn, dialect, run, batch, now, SAVEPOINT)
+        stored.outcome.finalised.extend(_finalise(conn, dialect, run, reload, stored.changed, now))
+        conn.exec_driver_sql(f"RELEASE SAVEPOINT {SAVEPOINT}")
+        return stored
     except Exception:
         conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
         conn.exec_driver_sql(f"RELEASE SAVEPOINT {SAVEPOINT}")
         raise
 
 
-def _ingest(
+def _store(
     conn: Connection,
     dialect: Dialect,
     run: RunRecord,
     batch: PreparedBatch,
     now: float,
-    reload: Callable[[], RunRecord],
     savepoint: str | None,
-) -> IngestOutcome:
+) -> Stored:
     found = dialect.probe(conn, run, batch, now, savepoint)
-    steps, new_frags = found.steps, found.new_frags
     collided = rules.duplicates(batch, found)
     if collided:
         stored = _stored_fragments(conn, dialect.sql, run, collided)
         rules.check_duplicates(batch, collided, stored)
     rules.check(batch, found)
-    rules.count(steps, new_frags, {k: batch.commits[k] for k in found.new_commits})
-    deferred = _partials(conn, dialect, run, batch, found, new_frags)
-    finalised = _finalise(conn, dialect.sql, run, reload, steps.values(), now)
-    dialect.finish(conn, run.id, [*steps.values()], savepoint, deferred)
-    return IngestOutcome(
-        accepted=len(new_frags),
-        duplicates=len(batch.fragments) - len(new_frags),
-        commits=len(found.new_commits),
-        finalised=finalised,
+    deltas = rules.count(
+        found.steps, found.new_frags, {k: batch.commits[k] for k in found.new_commits}
     )
+    rows = partial_rows(run, batch, found)
+    changed = dialect.apply(conn, run, batch, found, deltas, rows, now, alone=savepoint is None)
+    outcome = IngestOutcome(
+        accepted=len(found.new_frags),
+        duplicates=len(batch.fragments) - len(found.new_frags),
+        commits=len(found.new_commits),
+        finalised=[],
+    )
+    return Stored(outcome, changed)
 
 
 class NotMerged(Exception):
@@ -111,11 +130,13 @@ def ingest_merged(
     dialect: Dialect,
     run: RunRecord,
     batches: list[tuple[PreparedBatch, float]],
-    reload: Callable[[], RunRecord],
-) -> list[IngestOutcome]:
+    reload: Reload,
+) -> list[Stored]:
     """Store ``batches`` (each with its arrival time) of ``run`` as one transaction
-    of one batch's statements; their outcomes, in order. Raises :class:`NotMerged`
-    (the caller rolls back) where that would differ from storing them one by one."""
+    of one batch's statements; each one's counts and, on the last batch that touches
+    it, each step the group changed (finalised inside the transaction where the dialect
+    does). Raises :class:`NotMerged` (the caller rolls back) where that would differ
+    from storing them one by one."""
     merged = merge([b for b, _ in batches])
     if merged is None:
         raise NotMerged("two batches share a (step, rank) pair")
@@ -124,7 +145,8 @@ def ingest_merged(
     collided = set(merged.fragments) - new_frags
     stored = list(_stored_fragments(conn, dialect.sql, run, collided)) if collided else []
     touched = [set(b.steps()) for b, _ in batches]
-    mine: list[tuple[list[FragmentKey], list[tuple[int, int]]]] = []
+    mine: list[tuple[list[FragmentKey], list[CommitKey]]] = []
+    deltas: dict[int, Delta] = {}
     for i, (batch, _) in enumerate(batches):
         frags = [k for k in batch.fragments if k in new_frags]
         commits = [k for k in batch.commits if k in new_commits]
@@ -134,51 +156,73 @@ def ingest_merged(
             rules.check(batch, own)
         except Exception as exc:
             raise NotMerged(str(exc)) from exc
-        rules.count(found.steps, frags, {k: batch.commits[k] for k in commits})
+        for s, d in rules.count(found.steps, frags, {k: batch.commits[k] for k in commits}).items():
+            total = deltas.setdefault(s, Delta())
+            total.received, total.committed = (
+                total.received + d.received,
+                total.committed + d.committed,
+            )
+            total.expected += d.expected
         later = set().union(*touched[i + 1 :])
         if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later):
             raise NotMerged("a step is finalised before a later batch of the group")
         mine.append((frags, commits))
-    deferred = _partials(conn, dialect, run, merged, found, found.new_frags)
-    outcomes = []
+    rows = partial_rows(run, merged, found)
+    now = min(now for _, now in batches)
+    changed = {r.step: r for r in dialect.apply(conn, run, merged, found, deltas, rows, now, True)}
+    out = []
     reload = _once(reload)
     for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
         last = touched[i] - set().union(*touched[i + 1 :])  # steps no later batch touches
-        rows = [found.steps[s] for s in sorted(last)]
-        outcomes.append(
-            IngestOutcome(
-                accepted=len(frags),
-                duplicates=len(batch.fragments) - len(frags),
-                commits=len(commits),
-                finalised=_finalise(conn, dialect.sql, run, reload, rows, now),
-            )
-        )
-    dialect.finish(conn, run.id, [*found.steps.values()], None, deferred)
-    return outcomes
+        mine_changed = [changed[s] for s in sorted(last) if s in changed]
+        outcome = IngestOutcome(len(frags), len(batch.fragments) - len(frags), len(commits), [])
+        if not dialect.finalises_after_commit:
+            outcome.finalised.extend(_finalise(conn, dialect, run, reload, mine_changed, now))
+        out.append(Stored(outcome, mine_changed))
+    return out
 
 
-def _partials(
+def partial_rows(run: RunRecord, batch: PreparedBatch, found: Probe) -> list[PartialRow]:
+    """The partial rows of the pairs that gain fragments: the stored state merged with
+    the state of the pair's new fragments (the batch's own state of the pair when every
+    fragment of it is new, which it computed before the transaction)."""
+    cells: dict[CommitKey, list[Cell]] = {}
+    for key in found.new_frags:
+        cells.setdefault(key[:2], []).append(batch.fragments[key])
+    out = []
+    for pair, new in cells.items():
+        size, state = batch.states.get(pair, (0, None))
+        if state is None or size != len(new):  # not computed, or some were stored before
+            state = partial.state_of(run, new)
+        n, before = found.partials.get(pair, (0, b""))
+        if n:
+            state = partial.merge(run, [before, state])
+        out.append((pair[0], pair[1], n + len(new), state))
+    return out
+
+
+def due(world_size: int, rows: Iterable[StepState]) -> list[StepState]:
+    """The steps of ``rows`` (as a batch changed them) that are finalised now."""
+    return [r for r in rows if rules.next_status(world_size, r) is not None]
+
+
+def finalise_due(
     conn: Connection,
     dialect: Dialect,
     run: RunRecord,
-    batch: PreparedBatch,
-    found: Probe,
-    new_frags: list[FragmentKey],
-) -> list[PartialRow]:
-    """Merge the new fragments into their partial rows: written now if the probe did
-    not read the stored rows, or if a step is about to be finalised (it reads them);
-    else returned, for the dialect's ``finish`` to write with the step rows."""
-    if found.partials is None:
-        write_partials(conn, dialect.sql, run, batch, new_frags)
-        return []
-    rows = merged_partials(run, batch, new_frags, found.partials)
-    if any(rules.next_status(run.world_size, s) for s in found.steps.values()):
-        upsert_partials(conn, dialect.sql, run.id, rows)
-        return []
-    return rows
+    reload: Reload,
+    steps: Sequence[int],
+    now: float,
+) -> list[FinalisedStep]:
+    """Lock ``steps`` (which a committed batch changed) and finalise those that are
+    due as they stand now: each once, whoever else finalised them meanwhile."""
+    rows = lock_steps_of(conn, dialect.for_update, run.id, sorted(steps))
+    for row in rows:
+        row.changed = True  # the batch changed it; a step finalised since is passed over
+    return _finalise(conn, dialect, run, reload, rows, now)
 
 
-def _once(read: Callable[[], RunRecord]) -> Callable[[], RunRecord]:
+def _once(read: Reload) -> Reload:
     kept: list[RunRecord] = []
 
     def once() -> RunRecord:
@@ -205,14 +249,14 @@ def _bytes(b: bytes | None) -> bytes | None:
 
 def _finalise(
     conn: Connection,
-    sql: Statements,
+    dialect: Dialect,
     run: RunRecord,
-    reload: Callable[[], RunRecord],
+    reload: Reload,
     rows: Iterable[StepState],
     now: float,
 ) -> list[FinalisedStep]:
-    """Finalise the steps that :func:`~steptally.service.domain.step.next_status` names,
-    against the run's current spec (read once, when the first one is finalised)."""
+    """Finalise the steps that :func:`~steptally.service.domain.step.next_status` names
+    (against the run's current spec, read once when the first one is), and write them."""
     out = []
     done: list[StepState] = []
     current: RunRecord | None = None
@@ -221,6 +265,8 @@ def _finalise(
         if status is None:
             continue
         current = current or reload()
-        out.append(finalise_row(conn, sql, current, row, status, now, done))
+        out.append(finalise_row(conn, dialect.sql, current, row, status, now, done))
         done.append(row)
+    if done:
+        write_steps(conn, dialect.sql, run.id, done)
     return out

@@ -1,15 +1,25 @@
 """PostgreSQL's dialect: the ingest hot path's statements, pipelined.
 
-A batch's transaction holds its steps' row locks from the first statement to the
-commit, so every round trip inside it is time that other writers of the step wait.
-Here the statements that do not depend on each other's answers travel together in
-one psycopg pipeline, in the order SQLite's path runs them (lock the steps, insert
-fragments and commits, read back what the checks need), and the step rows' update
-travels with the ``COMMIT``: two round trips under the lock instead of six.
+Writers run side by side here, so what they must not do at once is decided by
+locks, taken in one order so that no two writers ever wait on each other in a circle:
 
-Each statement still runs on its own, in order, with its own snapshot (READ
-COMMITTED), so the reads see everything committed before the lock was granted and
-this transaction's own inserts. The texts are :data:`.sql_statement.PIPELINE`.
+* a batch first takes a transaction-level advisory lock per (step, rank) pair
+  (:func:`~.sql_statement.pair_lock_key`), in key order: two writers of one pair take
+  turns, writers of different ranks of one step never wait on each other;
+* the step rows are read unlocked; a batch adds to its steps' counters with one
+  statement (:data:`~.sql_statement.PIPELINE` ``add_to_steps``), which locks the rows
+  in step order, and commits in the same round trip, so a step's row is locked only
+  while its counters change and its transaction commits;
+* a step the batch completed (or changed after a partial finalisation) is finalised
+  afterwards in a transaction of its own that locks its row (the same as the sweeper's),
+  so every finalisation sees every batch counted before it.
+
+A batch takes two round trips: the probe (lock the pairs, read the steps, insert the
+fragments and commits, read back the commits, top sequence numbers and partial rows of
+its pairs) and the apply (write the partial rows, add to the counters, commit). Each
+statement runs on its own, in order, with its own snapshot (READ COMMITTED), so the
+reads see everything committed before the pairs' locks were granted and this
+transaction's own inserts.
 
 A batch of :data:`COPY_MIN_ROWS` fragments or more sends them by binary ``COPY``
 before the pipeline (a ``COPY`` cannot run inside one), into a table of the session
@@ -19,7 +29,7 @@ that the pipeline's ``INSERT ... SELECT`` empties.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from psycopg.rows import namedtuple_row
@@ -27,19 +37,11 @@ from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
 
 from steptally.service.domain.batch import CommitKey, PreparedBatch
-from steptally.service.domain.finalise import StoredValue
-from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import Probe, StepState
+from steptally.service.domain.step import Delta, Probe, StepState, opened
 from steptally.service.store import sql_series
-from steptally.service.store.sql_statement import PIPELINE, STEP_FIELDS, core, keys_params
-from steptally.service.store.sql_step import (
-    PartialRow,
-    new_row,
-    pending_values,
-    state_of,
-    write_breaches,
-)
+from steptally.service.store.sql_statement import PIPELINE, core, keys_params, pair_lock_key
+from steptally.service.store.sql_step import PartialRow, new_row, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
 #: ``COPY`` into a session table, then one ``INSERT ... SELECT``) rather than sent as
@@ -49,14 +51,16 @@ COPY_MIN_ROWS = 2048
 
 
 class PostgresDialect:
-    """PostgreSQL: row locks (``FOR UPDATE``), a batch in two pipelined round trips."""
+    """PostgreSQL: advisory locks on (step, rank) pairs, a batch in two pipelined round
+    trips, a step's row locked only by the statement that adds to its counters."""
 
     name = "postgresql"
     sql = core(postgresql.insert)
     default_group = 1
+    finalises_after_commit = True
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
-        return contextlib.nullcontext()  # writers meet on the rows they lock
+        return contextlib.nullcontext()  # writers meet on the pairs and rows they lock
 
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
@@ -69,13 +73,12 @@ class PostgresDialect:
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """Lock the batch's steps, insert its fragments and commits, and read back the
-        commits and top sequence numbers of its (step, rank) pairs: one round trip.
-        With ``savepoint``, the pipeline opens that savepoint first."""
+        """Lock the batch's pairs, read its steps, insert its fragments and commits, and
+        read back the commits, top sequence numbers and partial rows of its pairs: one
+        round trip. With ``savepoint``, the pipeline opens that savepoint first."""
         driver = conn.connection.driver_connection
         assert driver is not None
-        pairs = {k[:2] for k in batch.fragments} | set(batch.commits)
-        lock_params = _lock_params(run, batch.steps(), now)
+        pairs = batch.pairs()
         copied = len(batch.fragments) >= COPY_MIN_ROWS
         if copied:  # inside the savepoint, so that its rollback takes the copied rows too
             if savepoint is not None:
@@ -86,13 +89,13 @@ class PostgresDialect:
         commit_params = _commit_params(run, batch) if batch.commits else None
         pair_params = keys_params(run.id, pairs)
         top_params = keys_params(run.id, batch.commits) if batch.commits else None
-        frag_pairs = keys_params(run.id, {k[:2] for k in batch.fragments})
-        locked = driver.cursor(row_factory=namedtuple_row)
+        read = driver.cursor(row_factory=namedtuple_row)
         frags, commits, declared, tops, parts = (driver.cursor() for _ in range(5))
         with driver.pipeline():
             if savepoint is not None:
                 driver.execute(f"SAVEPOINT {savepoint}")
-            locked.execute(PIPELINE.lock_steps, lock_params)
+            driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
+            read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()})
             if frag_params is not None:
                 frags.execute(PIPELINE.insert_fragments, frag_params)
             elif copied:
@@ -103,77 +106,86 @@ class PostgresDialect:
             declared.execute(PIPELINE.commits_of, pair_params)
             if top_params is not None:
                 tops.execute(PIPELINE.max_seq_of, top_params)
-            if batch.fragments:
-                parts.execute(PIPELINE.partials_of, frag_pairs)
+            parts.execute(PIPELINE.partials_of, pair_params)
+        steps = {r.step: state_of(r) for r in read.fetchall()}
+        for s in batch.steps():
+            steps.setdefault(s, opened(run, s, now))
         return Probe(
-            steps={r.step: state_of(r) for r in locked.fetchall()},
+            steps=steps,
             new_frags=_keys(frags, batch.fragments),
             new_commits=_keys(commits, batch.commits),
             declared={(s, r): n for s, r, n in declared.fetchall() if (s, r) in pairs},
             top_seq=_tops(tops, batch.commits),
-            partials=_partials(parts, batch),
+            partials={
+                (s, r): (n, bytes(st)) for s, r, n, st in parts.fetchall() if (s, r) in pairs
+            },
         )
 
-    def finish(
+    def apply(
         self,
         conn: Connection,
-        run_id: int,
-        rows: Sequence[StepState],
-        savepoint: str | None,
-        partials: Sequence[PartialRow] = (),
-    ) -> None:
-        """Write the changed step rows (and the values of those finalised) and commit
-        (``savepoint`` None: the transaction is durable when this returns; the caller's
-        own commit then has nothing left to do) or release ``savepoint`` (inside a
-        group), in one round trip."""
+        run: RunRecord,
+        batch: PreparedBatch,
+        found: Probe,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+        alone: bool,
+    ) -> list[StepState]:
+        """Write the partial rows, add to the steps' counters (creating new steps) and,
+        ``alone``, commit: one round trip, the steps' rows locked from the statement that
+        adds to them to the commit."""
         driver = conn.connection.driver_connection
         assert driver is not None
-        params = [_step_params(run_id, r) for r in rows if r.changed]
-        values = pending_values(rows)
-        write_breaches(conn, self.sql, run_id, rows)
+        steps = driver.cursor(row_factory=namedtuple_row)
         with driver.pipeline():
             if partials:
-                driver.execute(PIPELINE.upsert_partials, _partial_params(run_id, partials))
-            if params:
-                driver.cursor().executemany(PIPELINE.update_steps, params)
-            if values:
-                driver.execute(PIPELINE.upsert_values, _values_params(run_id, values))
-            if savepoint is None:
+                driver.execute(PIPELINE.upsert_partials, _partial_params(run.id, partials))
+            if added:
+                steps.execute(PIPELINE.add_to_steps, _added_params(run, added, now))
+            if alone:
                 driver.commit()
-            else:
-                driver.execute(f"RELEASE SAVEPOINT {savepoint}")
+        if not added:
+            return []
+        out = [state_of(r) for r in steps.fetchall()]
+        for row in out:
+            row.changed = True
+        return out
 
     def lock_group(
         self, conn: Connection, batches: Sequence[tuple[RunRecord, PreparedBatch, float]]
-    ) -> bool:
-        """Create and lock, up front and in (run, step) order, every step row a group of
-        batches will touch, so that groups of several replicas never deadlock (a group
-        otherwise takes its batches' locks in arrival order)."""
-        wanted: dict[int, tuple[RunRecord, set[int], float]] = {}
-        for run, batch, now in batches:
-            _, steps, first = wanted.setdefault(run.id, (run, set(), now))
-            steps.update(batch.steps())
-            wanted[run.id] = (run, steps, min(first, now))
+    ) -> None:
+        """Lock every pair of a group up front, in one order (a group otherwise takes its
+        batches' pairs in arrival order, and two groups could wait on each other)."""
+        keys = sorted(
+            {pair_lock_key(run.id, s, r) for run, batch, _ in batches for s, r in batch.pairs()}
+        )
         driver = conn.connection.driver_connection
         assert driver is not None
-        with driver.pipeline():
-            for run_id in sorted(wanted):
-                run, steps, now = wanted[run_id]
-                driver.execute(PIPELINE.lock_steps, _lock_params(run, sorted(steps), now))
-        return True
-
-    def drop_empty_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> None:
-        """Delete the open step rows of ``steps`` that nothing was stored for: rows that
-        :meth:`lock_group` created for batches that then failed."""
-        conn.exec_driver_sql(
-            PIPELINE.drop_empty_steps,
-            {"run": run_id, "steps": list(steps), "open": StepStatus.OPEN.value},
-        )
+        driver.execute(PIPELINE.lock_pairs, {"keys": keys})
 
     def downsample(
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
     ) -> tuple[Sequence[Any], int]:
         return sql_series.downsampled_pg(conn, params, in_range)
+
+
+def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> list[int]:
+    return sorted(pair_lock_key(run_id, s, r) for s, r in pairs)
+
+
+def _added_params(run: RunRecord, added: Mapping[int, Delta], now: float) -> dict[str, Any]:
+    """A new step's columns, and what each step of ``added`` gains, in step order."""
+    out = new_row(run, 0, now)
+    for column in ("step", "committed_ranks", "expected", "received", "missing_ranks"):
+        del out[column]
+    steps = sorted(added)
+    out["world_size"] = run.world_size
+    out["step"] = steps
+    out["received"] = [added[s].received for s in steps]
+    out["committed"] = [added[s].committed for s in steps]
+    out["expected"] = [added[s].expected for s in steps]
+    return out
 
 
 def _copy_fragments(driver: Any, run: RunRecord, batch: PreparedBatch) -> None:
@@ -212,14 +224,6 @@ def _tops(cursor: Any, commits: dict[CommitKey, int]) -> dict[CommitKey, int]:
     return {(s, r): top for s, r, top in cursor.fetchall() if (s, r) in commits}
 
 
-def _lock_params(run: RunRecord, steps: list[int], now: float) -> dict[str, Any]:
-    """A new step's columns (every step alike but for its number) and the steps."""
-    out = new_row(run, 0, now)
-    del out["step"]
-    out["steps"] = steps
-    return out
-
-
 def _fragment_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:
     keys = list(batch.fragments)
     cells = batch.fragments.values()
@@ -241,20 +245,3 @@ def _commit_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:
         "rank": [k[1] for k in batch.commits],
         "fragments": list(batch.commits.values()),
     }
-
-
-def _values_params(run_id: int, values: Sequence[tuple[int, StoredValue]]) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "col": [c for _, (c, _, _) in values],
-        "step": [s for s, _ in values],
-        "value": [v for _, (_, v, _) in values],
-        "state": [st for _, (_, _, st) in values],
-    }
-
-
-def _step_params(run_id: int, row: StepState) -> dict[str, Any]:
-    out: dict[str, Any] = {c: getattr(row, c) for c in STEP_FIELDS}
-    out["status"] = StepStatus(out["status"]).value
-    out["run"], out["step"] = run_id, row.step
-    return out

@@ -164,28 +164,62 @@ def _of_pairs(table: Table) -> str:
     )
 
 
-def _lock_steps() -> str:
-    """Create the missing rows of the steps ``%(steps)s`` with the values of a new step
-    (one parameter per column) and return, locked, every one of them."""
-    values = ["s" if c.name == "step" else _param(c) for c in STEPS.c]
+def _add_to_steps() -> str:
+    """Add each step's counters (``%(received)s``, ``%(committed)s``, ``%(expected)s``,
+    one array each, in step order) to its row, creating it as a new step first
+    (``%(world_size)s`` and the other columns of a new step as parameters); locks the
+    rows in step order and returns them as they now stand."""
+    new = {
+        "run_id": _param(STEPS.c.run_id),
+        "step": "d.step",
+        "committed_ranks": "d.committed",
+        "expected": "d.expected",
+        "received": "d.received",
+        "missing_ranks": f"{_param(STEPS.c.missing_ranks, 'world_size')} - d.committed",
+    }
+    values = [new.get(c.name, _param(c)) for c in STEPS.c]
+    arrays = ", ".join(
+        _array(STEPS.c[column], name)
+        for name, column in (
+            ("step", "step"),
+            ("received", "received"),
+            ("committed", "committed_ranks"),
+            ("expected", "expected"),
+        )
+    )
+    added = ", ".join(
+        f"{c} = steps.{c} + excluded.{c}" for c in ("committed_ranks", "expected", "received")
+    )
     return (
-        f"INSERT INTO steps ({_names(list(STEPS.c))}) "
-        f"SELECT {', '.join(values)} FROM unnest({_array(STEPS.c.step, 'steps')}) AS s "
-        "ON CONFLICT (run_id, step) DO UPDATE SET status = steps.status "
+        f"INSERT INTO steps ({_names(list(STEPS.c))}) SELECT {', '.join(values)} "
+        f"FROM unnest({arrays}) AS d(step, received, committed, expected) ORDER BY d.step "
+        f"ON CONFLICT (run_id, step) DO UPDATE SET {added}, "
+        "missing_ranks = steps.missing_ranks - excluded.committed_ranks "
         f"RETURNING {_names(list(STEPS.c))}"
     )
 
 
+def pair_lock_key(run_id: int, step: int, rank: int) -> int:
+    """A (step, rank) pair's key for PostgreSQL's advisory locks: a signed 64-bit mix of
+    the three, the same in every process and release (two pairs that share one only
+    wait on each other)."""
+    mixed = (
+        (run_id * 0x9E3779B97F4A7C15) ^ (step * 0xC2B2AE3D27D4EB4F) ^ (rank * 0x165667B19E3779F9)
+    )
+    mixed &= (1 << 64) - 1
+    return mixed - (1 << 64) if mixed >> 63 else mixed
+
+
 @dataclass(frozen=True)
 class PipelineText:
-    lock_steps: str  # %(steps)s and every column of a new step but step
+    lock_pairs: str  # %(keys)s: the pairs' lock keys (:func:`pair_lock_key`), sorted
+    steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
+    add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     insert_fragments: str  # %(run_id)s and an array per fragments column
     insert_commits: str  # %(run_id)s and an array per commits column
     commits_of: str  # keys_params
     max_seq_of: str  # keys_params
-    update_steps: str  # %(run)s, %(step)s, %(<field>)s of STEP_FIELDS
     upsert_values: str  # %(run_id)s and an array per step_values column
-    drop_empty_steps: str  # %(run)s, %(steps)s, %(open)s
     copy_table: str  # creates (once per transaction) the table a large batch is copied to
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
@@ -200,16 +234,18 @@ _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
 _value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
 
 PIPELINE = PipelineText(
-    lock_steps=_lock_steps(),
+    lock_pairs="SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::BIGINT[]) AS k",
+    steps_of=(
+        f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = {_param(STEPS.c.run_id, 'run')} "
+        f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
+    ),
+    add_to_steps=_add_to_steps(),
     insert_fragments=_unnest_insert(FRAGMENTS, "DO NOTHING", ("step", "rank", "seq")),
     insert_commits=_unnest_insert(COMMITS, "DO NOTHING", ("step", "rank")),
     commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of_pairs(COMMITS)}",
     max_seq_of=(
         f"SELECT step, rank, max(seq) FROM fragments WHERE {_of_pairs(FRAGMENTS)} "
         "GROUP BY step, rank"
-    ),
-    update_steps="UPDATE steps SET {} WHERE run_id = %(run)s AND step = %(step)s".format(
-        ", ".join(f"{c} = {_param(STEPS.c[c])}" for c in STEP_FIELDS)
     ),
     upsert_values=_unnest_insert(
         STEP_VALUES,
@@ -232,8 +268,58 @@ PIPELINE = PipelineText(
         PARTIALS,
         "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state",
     ),
-    drop_empty_steps=(
-        f"DELETE FROM steps WHERE run_id = %(run)s AND step = ANY({_array(STEPS.c.step, 'steps')}) "
-        f"AND status = {_param(STEPS.c.status, 'open')} AND committed_ranks = 0 AND received = 0"
+)
+
+
+# -- SQLite's driver text -----------------------------------------------------------------
+
+
+def _in_json(column: str) -> str:
+    return f"{column} IN (SELECT value FROM json_each(?))"
+
+
+def _insert_row(table: Table, conflict: str = "") -> str:
+    marks = ", ".join("?" for _ in table.c)
+    return f"INSERT INTO {table.name} ({_names(list(table.c))}) VALUES ({marks}){conflict}"
+
+
+@dataclass(frozen=True)
+class SqliteText:
+    """SQLite's ingest path (:class:`~.dialect.SqliteDialect`), sent through the driver:
+    ``?`` parameters, a set of numbers as one JSON array (``json_each``), so that each
+    text stays one prepared statement whatever the batch. The reads take the run id
+    and JSON arrays of steps (and ranks, and seqs); the writes one row each."""
+
+    steps_of: str  # run, steps: every column
+    partials_of: str  # run, steps, ranks: step, rank, fragments, state
+    commits_of: str  # run, steps, ranks: step, rank, fragments
+    fragment_keys_of: str  # run, steps, ranks, seqs: step, rank, seq
+    max_seq_of: str  # run, steps, ranks: step, rank, max(seq)
+    insert_fragments: str
+    insert_commits: str
+    upsert_partials: str
+    upsert_steps: str  # a step row; a stored one takes the row's counters
+
+
+_of = f"run_id = ? AND {_in_json('step')} AND {_in_json('rank')}"
+_counters = ("committed_ranks", "expected", "received", "missing_ranks")
+
+SQLITE = SqliteText(
+    steps_of=f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = ? AND {_in_json('step')}",
+    partials_of=f"SELECT step, rank, fragments, state FROM partials WHERE {_of}",
+    commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of}",
+    fragment_keys_of=f"SELECT step, rank, seq FROM fragments WHERE {_of} AND {_in_json('seq')}",
+    max_seq_of=f"SELECT step, rank, max(seq) FROM fragments WHERE {_of} GROUP BY step, rank",
+    insert_fragments=_insert_row(FRAGMENTS),
+    insert_commits=_insert_row(COMMITS),
+    upsert_partials=_insert_row(
+        PARTIALS,
+        " ON CONFLICT (run_id, step, rank) DO UPDATE SET "
+        "fragments = excluded.fragments, state = excluded.state",
+    ),
+    upsert_steps=_insert_row(
+        STEPS,
+        " ON CONFLICT (run_id, step) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in _counters),
     ),
 )

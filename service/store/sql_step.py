@@ -9,7 +9,8 @@ of the step; a later finalisation of the same step (a higher revision) overwrite
 them, and a metric added to the run since then gains its row.
 
 A batch's new fragments are also merged, exactly, into one ``partials`` row per
-(step, rank) (:func:`write_partials`, under the step's row lock), and a finalisation
+(step, rank) (:func:`.sql_ingest.partial_rows`, while the batch holds the pair), and a
+finalisation
 merges the step's partial rows (:func:`load_partials`) instead of reading every
 fragment: world size rows, not world size times microbatches. A step whose partials
 do not hold every fragment it received (stored before partials existed) is evaluated
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -29,7 +30,6 @@ from sqlalchemy import Connection, Select, select, union_all
 from steptally.client.algebra.alerts import History
 from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
-from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.finalise import Contributions, StoredValue, ValueState
 from steptally.service.domain.packing import Cell
 from steptally.service.domain.progress import Progress, StepStatus
@@ -44,7 +44,6 @@ from steptally.service.store.sql_statement import (
     STEP_VALUES,
     STEPS,
     Statements,
-    keys_params,
 )
 
 ForUpdate = Callable[[Select[Any]], Select[Any]]
@@ -67,6 +66,29 @@ def state_of(row: Any) -> StepState:
     )
 
 
+#: a partials row to write: step, rank, fragments, state
+PartialRow = tuple[int, int, int, bytes]
+
+
+def state_of_tuple(row: Sequence[Any]) -> StepState:
+    """A step row read through the driver, every column in table order."""
+    _, step, status, revision, committed, expected, received, missing = row[:8]
+    first_seen_at, deadline, finalised_at, result = row[8:]
+    return StepState(
+        step, StepStatus(status), revision, committed, expected, received, missing,
+        first_seen_at, deadline, finalised_at, result,
+    )  # fmt: skip
+
+
+def step_tuple(run_id: int, row: StepState) -> tuple[Any, ...]:
+    """A step row for the driver, every column in table order."""
+    return (
+        run_id, row.step, row.status.value, row.revision, row.committed_ranks, row.expected,
+        row.received, row.missing_ranks, row.first_seen_at, row.deadline, row.finalised_at,
+        row.result,
+    )  # fmt: skip
+
+
 def new_row(run: RunRecord, step: int, now: float) -> dict[str, Any]:
     """The columns of a new step row (:func:`~steptally.service.domain.step.opened`)."""
     state = opened(run, step, now)
@@ -75,14 +97,12 @@ def new_row(run: RunRecord, step: int, now: float) -> dict[str, Any]:
     return out
 
 
-def lock_steps(
-    conn: Connection, sql: Statements, run: RunRecord, steps: Sequence[int], now: float
-) -> dict[int, StepState]:
-    """Create the rows of new steps and lock them all, in step order (no deadlocks)."""
-    if not steps:
-        return {}
-    rows = conn.execute(sql.upsert_steps, [new_row(run, s, now) for s in steps]).all()
-    return {r.step: state_of(r) for r in rows}
+def lock_steps_of(
+    conn: Connection, for_update: ForUpdate, run_id: int, steps: Sequence[int]
+) -> list[StepState]:
+    """The rows of ``steps`` that exist, locked in step order."""
+    stmt = select(STEPS).where(STEPS.c.run_id == run_id, STEPS.c.step.in_(steps))
+    return [state_of(r) for r in conn.execute(for_update(stmt.order_by(STEPS.c.step)))]
 
 
 def lock_step(conn: Connection, for_update: ForUpdate, run_id: int, step: int) -> StepState | None:
@@ -157,81 +177,6 @@ def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, li
     received = Counter(f.rank for f in frags)
     progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
     return progress, [(f.values_f64, f.present, f.tails) for f in frags]
-
-
-def write_partials(
-    conn: Connection,
-    sql: Statements,
-    run: RunRecord,
-    batch: PreparedBatch,
-    new_frags: Iterable[FragmentKey],
-) -> None:
-    """Merge the new fragments ``new_frags`` of ``batch`` into their pairs' partial
-    rows (the caller holds the steps' row locks)."""
-    cells: dict[CommitKey, list[Cell]] = {}
-    for key in new_frags:
-        cells.setdefault(key[:2], []).append(batch.fragments[key])
-    if not cells:
-        return
-    fresh = {pair: partial.state_of(run, c) for pair, c in cells.items()}
-    rows = [
-        {"run_id": run.id, "step": s, "rank": r, "fragments": len(cells[(s, r)]), "state": state}
-        for (s, r), state in fresh.items()
-    ]
-    inserted = {tuple(k) for k in conn.execute(sql.insert_partials, rows)}
-    stored = {pair for pair in fresh if pair not in inserted}
-    if not stored:
-        return
-    updates = []
-    for s, r, n, state in conn.execute(sql.partials_of, keys_params(run.id, stored)):
-        if (s, r) not in stored:
-            continue
-        updates.append(
-            {
-                "k_run": run.id,
-                "k_step": s,
-                "k_rank": r,
-                "v_fragments": n + len(cells[(s, r)]),
-                "v_state": partial.merge(run, [bytes(state), fresh[(s, r)]]),
-            }
-        )
-    conn.execute(sql.update_partials, updates)
-
-
-#: a partials row to write: step, rank, fragments, state
-PartialRow = tuple[int, int, int, bytes]
-
-
-def merged_partials(
-    run: RunRecord,
-    batch: PreparedBatch,
-    new_frags: Iterable[FragmentKey],
-    stored: dict[CommitKey, tuple[int, bytes]],
-) -> list[PartialRow]:
-    """The partial rows of the pairs of ``new_frags`` with those new fragments merged
-    in, given every stored row of them (``stored``, read under the steps' locks)."""
-    cells: dict[CommitKey, list[Cell]] = {}
-    for key in new_frags:
-        cells.setdefault(key[:2], []).append(batch.fragments[key])
-    out = []
-    for (s, r), mine in cells.items():
-        state = partial.state_of(run, mine)
-        n, before = stored.get((s, r), (0, b""))
-        if n:
-            state = partial.merge(run, [before, state])
-        out.append((s, r, n + len(mine), state))
-    return out
-
-
-def upsert_partials(conn: Connection, sql: Statements, run_id: int, rows: list[PartialRow]) -> None:
-    if rows:
-        conn.execute(
-            sql.upsert_partials,
-            [
-                {"run_id": run_id, "step": s, "rank": r, "fragments": n, "state": st}
-                for s, r, n, st in rows
-            ],
-        )
 
 
 def load_partials(

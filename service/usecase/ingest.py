@@ -23,6 +23,7 @@ import orjson
 
 from steptally.client.wire import FragmentBatch, WireError, decode_batch
 from steptally.service.domain.batch import PreparedBatch, Rejection, prepare
+from steptally.service.domain.partial import states_of
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import (
     BadJson,
@@ -61,7 +62,7 @@ class Ingest:
         run = self._runs.get(run_name)
         decoded, columnar = decode(parse(body))
         try:
-            batch = _prepare(self._runs, run, decoded, columnar, partial)
+            run, batch = _prepare(self._runs, run, decoded, columnar, partial)
             outcome = self._store_partial(run, batch) if partial else self._store_all(run, batch)
         except ServiceError as exc:  # the batch is refused whole
             self._telemetry.fragments_refused(run.name, exc.code, len(decoded.steps))
@@ -111,11 +112,17 @@ def decode(parsed: tuple[Any, bool]) -> tuple[FragmentBatch, bool]:
 
 def _prepare(
     runs: RunDirectory, run: RunRecord, batch: FragmentBatch, columnar: bool, partial: bool
-) -> PreparedBatch:
+) -> tuple[RunRecord, PreparedBatch]:
+    """The batch checked and packed for the run (read again if the batch names a
+    metric registered since), with its pairs' exact partial states (computed here,
+    before the store's transaction, rather than inside it)."""
     try:
-        return prepare(run, batch, columnar, partial)
+        prepared = prepare(run, batch, columnar, partial)
     except UnknownMetric:  # perhaps registered since the run was cached
-        return prepare(runs.get(run.name, refresh=True), batch, columnar, partial)
+        run = runs.get(run.name, refresh=True)
+        prepared = prepare(run, batch, columnar, partial)
+    prepared.states = states_of(run, prepared.fragments)
+    return run, prepared
 
 
 def answer(outcome: IngestOutcome) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from steptally.service.store.sql_statement import PIPELINE, STATE_COLUMNS, STEP_FIELDS
+from steptally.service.store.sql_statement import PIPELINE, STATE_COLUMNS, pair_lock_key
 
 
 def test_every_value_is_bound_never_spelled_in_the_text() -> None:
@@ -13,16 +13,21 @@ def test_every_value_is_bound_never_spelled_in_the_text() -> None:
         assert "'" not in text, field.name  # no literal: 'open' is bound as %(open)s
 
 
-def test_a_new_steps_row_binds_each_column_cast_to_its_type() -> None:
-    assert PIPELINE.lock_steps == (
+def test_counters_are_added_to_in_step_order_creating_new_steps() -> None:
+    assert PIPELINE.add_to_steps == (
         "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
         "received, missing_ranks, first_seen_at, deadline, finalised_at, result) "
-        "SELECT %(run_id)s::INTEGER, s, %(status)s::VARCHAR(16), %(revision)s::INTEGER, "
-        "%(committed_ranks)s::INTEGER, %(expected)s::BIGINT, %(received)s::BIGINT, "
-        "%(missing_ranks)s::INTEGER, %(first_seen_at)s::DOUBLE PRECISION, "
-        "%(deadline)s::DOUBLE PRECISION, %(finalised_at)s::DOUBLE PRECISION, "
-        "%(result)s::TEXT FROM unnest(%(steps)s::BIGINT[]) AS s "
-        "ON CONFLICT (run_id, step) DO UPDATE SET status = steps.status "
+        "SELECT %(run_id)s::INTEGER, d.step, %(status)s::VARCHAR(16), %(revision)s::INTEGER, "
+        "d.committed, d.expected, d.received, %(world_size)s::INTEGER - d.committed, "
+        "%(first_seen_at)s::DOUBLE PRECISION, %(deadline)s::DOUBLE PRECISION, "
+        "%(finalised_at)s::DOUBLE PRECISION, %(result)s::TEXT "
+        "FROM unnest(%(step)s::BIGINT[], %(received)s::BIGINT[], %(committed)s::INTEGER[], "
+        "%(expected)s::BIGINT[]) AS d(step, received, committed, expected) ORDER BY d.step "
+        "ON CONFLICT (run_id, step) DO UPDATE SET "
+        "committed_ranks = steps.committed_ranks + excluded.committed_ranks, "
+        "expected = steps.expected + excluded.expected, "
+        "received = steps.received + excluded.received, "
+        "missing_ranks = steps.missing_ranks - excluded.committed_ranks "
         "RETURNING run_id, step, status, revision, committed_ranks, expected, received, "
         "missing_ranks, first_seen_at, deadline, finalised_at, result"
     )
@@ -31,6 +36,19 @@ def test_a_new_steps_row_binds_each_column_cast_to_its_type() -> None:
         "step", "status", "revision", "committed_ranks", "expected", "received",
         "missing_ranks", "first_seen_at", "deadline", "finalised_at", "result",
     )  # fmt: skip
+
+
+def test_pair_lock_keys_are_signed_64_bit_and_the_same_in_every_process() -> None:
+    assert pair_lock_key(1, 0, 0) == 0x9E3779B97F4A7C15 - (1 << 64)
+    keys = {
+        pair_lock_key(run, step, rank) for run in (1, 2) for step in range(64) for rank in range(64)
+    }
+    assert len(keys) == 2 * 64 * 64
+    assert all(-(1 << 63) <= k < (1 << 63) for k in keys)
+    assert (
+        PIPELINE.lock_pairs
+        == "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::BIGINT[]) AS k"
+    )
 
 
 def test_fragments_are_inserted_from_one_array_per_column() -> None:
@@ -47,9 +65,3 @@ def test_fragments_are_inserted_from_one_array_per_column() -> None:
         "ON CONFLICT (run_id, col, step) DO UPDATE SET value = excluded.value, "
         "state = excluded.state"
     )
-
-
-def test_the_step_update_sets_exactly_the_fields_a_batch_changes() -> None:
-    assert PIPELINE.update_steps.startswith("UPDATE steps SET status = %(status)s::VARCHAR(16), ")
-    assert PIPELINE.update_steps.endswith(" WHERE run_id = %(run)s AND step = %(step)s")
-    assert PIPELINE.update_steps.count(" = %(") == len(STEP_FIELDS) + 2
