@@ -99,6 +99,53 @@ def _local_correct(mb: LossInputs) -> torch.Tensor:
     return (mb.token_mask * mb.sample_mask[:, None] * (mb.rewards > 0)[:, None]).sum()
 
 
+#: NeMo-RL's token-normalised metrics and the numerator of each
+TOKEN_SHARES = {
+    "probs_ratio": F.PROBS_RATIO_NUM,
+    "probs_ratio_clamped": F.PROBS_RATIO_CLAMPED_NUM,
+    "token_mult_prob_error": F.TOKEN_MULT_PROB_ERROR_NUM,
+    "gen_kl_error": F.GEN_KL_ERROR_NUM,
+    "policy_kl_error": F.POLICY_KL_ERROR_NUM,
+    "js_divergence_error": F.JS_DIVERGENCE_ERROR_NUM,
+    "approx_entropy": F.APPROX_ENTROPY_NUM,
+}
+EXTREMA = (
+    "probs_ratio_min",
+    "probs_ratio_max",
+    "probs_ratio_clamped_min",
+    "probs_ratio_clamped_max",
+)
+
+
+def _nemo_metrics(
+    config: ClippedPGConfig, mb: LossInputs, loss: torch.Tensor, host: dict[str, Any]
+) -> dict[str, float]:
+    """Every metric NeMo-RL's ``ClippedPGLossFn`` returns for ``mb``, from what
+    ``ClippedPGLoss`` computes on it: each mean its exact numerator over the global count
+    NeMo-RL divides it by, the extrema as they are, the NLL over the microbatch's own
+    correct tokens (0 where there are none)."""
+    tokens = Fraction(float(mb.global_valid_tokens))
+    sequences = Fraction(float(mb.global_valid_seqs))
+
+    def share(fragment: str, count: Fraction) -> float:
+        return float(_exact(host[fragment]) / count)
+
+    metrics = {"loss": loss.item(), **{k: share(f, tokens) for k, f in TOKEN_SHARES.items()}}
+    metrics.update({key: host[key] for key in EXTREMA})
+    grad_count = tokens if config.token_level_loss else sequences
+    metrics["kl_penalty"] = share(F.KL_PENALTY_NUM, grad_count) if config.kl_enabled else 0.0
+    importance = sequences if config.gspo else tokens
+    metrics["sampling_importance_ratio"] = share(F.SAMPLING_IMPORTANCE_RATIO_NUM, importance)
+    metrics["num_valid_samples"] = float(mb.sample_mask.sum())
+    correct = Fraction(float(_local_correct(mb))) if config.nll_enabled else Fraction(0)
+    metrics["positive_nll_loss"] = share(F.NLL_NUM, correct) if correct else 0.0
+    tis = config.truncated_importance_sampling_type
+    if tis is not None:
+        per_sequence = config.gspo or tis == "seq-mask-tis"
+        metrics["is_oob_ratio"] = share(F.IS_OOB_NUM, sequences if per_sequence else tokens)
+    return metrics
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_loss_gradient_and_metrics_equal_clipped_pg_loss_on_the_same_data(name: str) -> None:
     cfg = CONFIGS[name]
@@ -118,35 +165,7 @@ def test_loss_gradient_and_metrics_equal_clipped_pg_loss_on_the_same_data(name: 
 
         tis = config.truncated_importance_sampling_type is not None
         assert set(metrics) == NEMO_KEYS | ({"is_oob_ratio"} if tis else set())
-        host = fragments_to_host(fragments)
-        tokens, sequences = Fraction(float(toks)), Fraction(float(seqs))
-        grad_count = tokens if config.token_level_loss else sequences
-        assert metrics["loss"] == expected.item()
-        for key, fragment in {
-            "probs_ratio": F.PROBS_RATIO_NUM,
-            "probs_ratio_clamped": F.PROBS_RATIO_CLAMPED_NUM,
-            "token_mult_prob_error": F.TOKEN_MULT_PROB_ERROR_NUM,
-            "gen_kl_error": F.GEN_KL_ERROR_NUM,
-            "policy_kl_error": F.POLICY_KL_ERROR_NUM,
-            "js_divergence_error": F.JS_DIVERGENCE_ERROR_NUM,
-            "approx_entropy": F.APPROX_ENTROPY_NUM,
-        }.items():
-            assert metrics[key] == float(_exact(host[fragment]) / tokens), key
-        importance = sequences if config.gspo else tokens
-        assert metrics["sampling_importance_ratio"] == float(
-            _exact(host[F.SAMPLING_IMPORTANCE_RATIO_NUM]) / importance
-        )
-        kl = float(_exact(host[F.KL_PENALTY_NUM]) / grad_count) if config.kl_enabled else 0.0
-        assert metrics["kl_penalty"] == kl
-        assert metrics["num_valid_samples"] == float(mb.sample_mask.sum())
-        for key in ("probs_ratio_min", "probs_ratio_max"):
-            assert metrics[key] == host[key]
-        if config.nll_enabled:
-            correct = Fraction(float(_local_correct(mb)))  # NeMo-RL's 0 where it is 0
-            nll = _exact(host[F.NLL_NUM]) / correct if correct else Fraction(0)
-            assert metrics["positive_nll_loss"] == float(nll)
-        if tis:
-            assert metrics["is_oob_ratio"] == float(_exact(host[F.IS_OOB_NUM]) / tokens)
+        assert metrics == _nemo_metrics(config, mb, expected, fragments_to_host(fragments))
 
 
 def test_the_loss_function_speaks_nemo_rl() -> None:

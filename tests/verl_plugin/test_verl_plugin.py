@@ -108,6 +108,26 @@ def test_the_entry_point_registers_the_steptally_trainer() -> None:
     assert issubclass(trainer, PPOTrainerSync) and trainer is not PPOTrainerSync
 
 
+def test_importing_verl_alone_loads_the_plugin() -> None:
+    """As in verl's task runner and its Ray workers: a fresh process that imports verl,
+    and never this module, has the ``steptally`` trainer."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, verl\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "get_trainer_cls('steptally')\n"
+        "print('steptally.integrations.verl' in sys.modules)\n"
+    )
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "auto"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True"]
+
+
 def test_settings_follow_verl_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STEPTALLY_URL", raising=False)
     assert plugin.settings_from(_config()) is None
@@ -184,9 +204,14 @@ def test_verl_ppo_loss_reports_the_exact_step_while_verl_reads_a_mean_of_means(
     debug = calculate_debug_metrics(DataProto(batch=padded.to_padded_tensor()))
     for name in ("rollout_probs_diff_mean", "rollout_probs_diff_max"):
         assert served[name] == pytest.approx(float(debug[f"training/{name}"]), rel=1e-5)
+    # verl's own reading is the unweighted mean of the micro-batch means, which is not
+    # the step's token-weighted mean
+    per_micro_batch = [_reference(mb, model, actor) for mb in micro_batches(data)]
     for name in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
         verl_reading = Metric.aggregate_dp([verl_metrics[f"actor/{name}"]])
-        assert verl_reading != served[name], name  # verl's mean of micro-batch means
+        mean_of_means = sum(r[name] for r in per_micro_batch) / len(per_micro_batch)
+        assert verl_reading == pytest.approx(mean_of_means, rel=1e-5, abs=1e-7), name
+        assert verl_reading != served[name], name
     assert abs(Metric.aggregate_dp([verl_metrics["actor/ppo_kl"]]) - served["ppo_kl"]) > 1e-4
 
 
