@@ -30,12 +30,15 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=1.0, gt=0)
     default_step_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     # group commit: at most this many batches (and bytes of values) share a transaction;
-    # 1 gives every batch its own transaction. Unset: 64 on SQLite, 1 on PostgreSQL
-    # (service/store/dialect.py; bench/README.md, Scale)
+    # 1 gives every batch its own transaction. Unset: 64 (service/store/dialect.py;
+    # bench/README.md, Scale)
     ingest_group_max_batches: int | None = Field(default=None, ge=1)
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
-    # and a leader that finds fewer queued waits at most this long for more (0: never)
+    # and a writer that finds fewer queued waits at most this long for more (0: never)
     ingest_group_max_wait_s: float = Field(default=0.0, ge=0, le=1.0)
+    # threads that store the groups, each on its own connection. Unset: 1 on SQLite (one
+    # writer at a time), 2 on PostgreSQL
+    ingest_writers: int | None = Field(default=None, ge=1, le=64)
     # every wait on the database is bounded (service/store/engine.py): a hung database
     # answers 503 unavailable with Retry-After; /readyz answers within its own timeout
     database_statement_timeout_s: float = Field(default=30.0, gt=0)

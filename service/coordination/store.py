@@ -6,12 +6,13 @@ delegates every write to the SQL store it wraps, and keeps beside it the shared
 :class:`~steptally.service.coordination.schedule.DeadlineSchedule` and
 :class:`~steptally.service.coordination.progress.ProgressBoard`:
 
-* ``ingest`` stores the batch first (the answer still waits for the database commit
-  only), then, in one Redis round trip, schedules the steps the batch touched at
-  ``now`` + the run's timeout — a step already scheduled keeps its earlier deadline —
-  records the commits of those still open, and unschedules and forgets the steps the
-  batch finalised. A failure there is logged and ignored: the step is in the
-  database, and the next rebuild schedules it and records its commits;
+* ``ingest`` stores the batch first, then, once its group committed, in one Redis round
+  trip for the whole group (on the SQL store's writer thread, before the answers),
+  schedules the steps each batch touched at ``now`` + the run's timeout — a step
+  already scheduled keeps its earlier deadline — records the commits of those still
+  open, and unschedules and forgets the steps the batch finalised. A failure there is
+  logged and ignored: the step is in the database, and the next rebuild schedules it
+  and records its commits;
 * ``get_step`` and ``list_steps`` evaluate an open step with its commits from Redis
   when Redis agrees with the step row's counters (see :mod:`.progress`), so only its
   fragments are read from the database (for a page of steps, in one query); else the
@@ -36,10 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Protocol
 
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
@@ -55,6 +58,7 @@ from steptally.service.coordination.schedule import DeadlineSchedule
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
+from steptally.service.store.group_commit import Pending
 from steptally.service.store.protocol import (
     BreachRecord,
     Decide,
@@ -72,6 +76,11 @@ class SchedulableStore(Store, Protocol):
     """What the schedule and the progress need of the SQL store beyond :class:`Store`."""
 
     engine: Engine
+    after_group: Callable[[list[Pending]], None] | None
+
+    def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
+        """Store a batch with the next group: its outcome once the group committed."""
+        ...
 
     def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
         """Finalise one step as partial if it is open and due at ``now``."""
@@ -103,6 +112,7 @@ class CoordinatedStore:
         self.sql = sql
         self.schedule = schedule
         self.progress = progress or ProgressBoard(schedule.client, schedule.keys)
+        sql.after_group = self._after_group
         self._redis_ok = True
         self._server: str | None = None  # the Redis run_id the schedule was checked on
 
@@ -172,29 +182,43 @@ class CoordinatedStore:
         self.sql.check_ready()
 
     def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
-        outcome = self.sql.ingest(run, batch, now)
+        return self.submit(run, batch, now).result()
+
+    def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
+        return self.sql.submit(run, batch, now)
+
+    def _after_group(self, group: list[Pending]) -> None:
+        """On the SQL store's writer thread, once a group committed: schedule the steps
+        its batches touched, record their commits and forget the steps they finalised,
+        in one Redis round trip for the group."""
         if not self._redis_ok:
-            return outcome  # never wait on a Redis that is away; the rebuild catches up
-        finalised = {f.step for f in outcome.finalised if f.run == run.name}
+            return  # never wait on a Redis that is away; the rebuild catches up
+        try:
+            pipe = self.schedule.pipeline()
+            for p in group:
+                if p.outcome is not None:
+                    self._queue_batch(pipe, p.run, p.batch, p.now, p.outcome)
+            pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+
+    def _queue_batch(
+        self, pipe: Pipeline, run: RunRecord, batch: PreparedBatch, now: float, done: IngestOutcome
+    ) -> None:
+        finalised = {f.step for f in done.finalised if f.run == run.name}
         deadline = now + run.step_timeout_s
         commits: dict[int, dict[int, int]] = {}
         for (step, rank), declared in batch.commits.items():
             if step not in finalised:
                 commits.setdefault(step, {})[rank] = declared
-        try:
-            pipe = self.schedule.pipeline()
-            self.schedule.queue_update(
-                pipe,
-                add=[(run.id, s, deadline) for s in batch.steps() if s not in finalised],
-                remove=[(run.id, s) for s in finalised],
-            )
-            key = run_key(run.id, run.created_at)
-            self.progress.record(pipe, key, commits, run.step_timeout_s + GRACE_S)
-            self.progress.forget(pipe, key, finalised)
-            pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._lost(exc)
-        return outcome
+        self.schedule.queue_update(
+            pipe,
+            add=[(run.id, s, deadline) for s in batch.steps() if s not in finalised],
+            remove=[(run.id, s) for s in finalised],
+        )
+        key = run_key(run.id, run.created_at)
+        self.progress.record(pipe, key, commits, run.step_timeout_s + GRACE_S)
+        self.progress.forget(pipe, key, finalised)
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:
         try:

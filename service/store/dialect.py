@@ -5,10 +5,11 @@ its engine (:func:`dialect_for`); nothing else in the store asks which database 
 talks to. A dialect brings:
 
 * ``sql``: its :class:`~steptally.service.store.sql_statement.Statements`;
-* ``default_group``: how many batches share a transaction unless set (SQLite 64, where
-  each commit is an fsync that grouping saves; PostgreSQL 1: grouping gains a lone
-  replica about half its throughput but cost two replicas on one database a third of
-  theirs, see ``bench/README.md``, Scale);
+* ``default_group``: how many batches share a transaction unless set (64 on both: a
+  commit is an fsync, and on PostgreSQL every statement a round trip's worth of work,
+  that grouping saves), and ``default_writers``: how many writer threads take the
+  groups (SQLite 1, the database has one writer; PostgreSQL 2, one group's round trips
+  beside another's; see ``bench/README.md``, Scale);
 * ``writer_lock()``: what the writers of one store queue on (SQLite has one writer at a
   time; PostgreSQL locks rows);
 * ``for_update(stmt)``: a read that locks its rows until the transaction ends;
@@ -51,6 +52,7 @@ class Dialect(Protocol):
     name: str
     sql: Statements
     default_group: int
+    default_writers: int
     finalises_after_commit: bool  # a batch alone: its steps finalised after its commit
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]: ...
@@ -108,6 +110,7 @@ class SqliteDialect:
     name = "sqlite"
     sql = core(sqlite.insert)
     default_group = 64
+    default_writers = 1
     finalises_after_commit = False
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:

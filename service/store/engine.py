@@ -75,11 +75,17 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def writing(conn: Connection) -> Connection:
+    """``conn``, its transactions from now on write transactions (SQLite: ``BEGIN
+    IMMEDIATE``)."""
+    return conn.execution_options(**{_WRITE: True})
+
+
 @contextmanager
 def transaction(engine: Engine, write: bool) -> Iterator[Connection]:
     """One transaction, committed when the block ends without an exception."""
     with engine.connect() as conn:
         if write:
-            conn.execution_options(**{_WRITE: True})
+            writing(conn)
         with conn.begin():
             yield conn

@@ -5,8 +5,8 @@ and tools that want the storage alone call it too, so every configuration is bui
 the same way:
 
 * ``database_url`` — SQLite (the embedded default) or PostgreSQL, through
-  :class:`~steptally.service.store.sql.SqlStore`, with the group-commit bounds and
-  the database timeouts of the settings;
+  :class:`~steptally.service.store.sql.SqlStore`, with the group-commit bounds, the
+  writer threads and the database timeouts of the settings;
 * ``redis_url`` set — the SQL store inside a
   :class:`~steptally.service.coordination.store.CoordinatedStore`, which keeps the
   shared schedule of open steps in Redis (SQL stays the source of truth).
@@ -30,6 +30,7 @@ def open_store(settings: Settings) -> Store:
         settings.ingest_group_max_bytes,
         database_limits(settings),
         settings.ingest_group_max_wait_s,
+        settings.ingest_writers,
     )
     if settings.redis_url is None:
         return sql

@@ -1,33 +1,34 @@
 """Group commit: ingests that arrive while a transaction is in progress share the next one.
 
-Every batch still has to be durable before its answer, and on one step row the
-transactions of concurrent batches run one after another anyway (the step's row lock,
-or SQLite's single writer), each paying a ``COMMIT`` (an fsync). So a store's ingests
-queue here; the first one that finds no transaction in progress becomes the *leader*:
-it takes the queued batches (up to a bound in batches and bytes), runs them in ONE
-transaction — each inside its own savepoint, so a batch that raises is rolled back
-alone and only its request gets the error — commits once, and only then wakes every
-waiter with its own outcome. If the transaction itself fails (the ``COMMIT`` or a
-rollback to a savepoint), every batch of the group fails. The leader keeps leading
-until its own batch is done; then the next waiter in line takes over.
+Every batch still has to be durable before its answer, and one ``COMMIT`` (an fsync)
+per batch is what the database would otherwise spend its time on. So a store's ingests
+queue here, and *writer* threads of the store's own take them: a writer takes what is
+queued (up to a bound in batches and bytes), stores it in ONE transaction — each batch
+all or nothing (a merged group, or a savepoint per batch: ``run_group``'s business) —
+commits once, and only then resolves each batch's future with its own outcome or
+error. If the transaction itself fails (the ``COMMIT``), every batch of the group fails.
 
-By default a batch never waits for a timer: a lone batch is a group of one and runs
-as before. With ``max_wait_s`` a leader that finds the queue short waits at most that
-long for more batches first (a bounded wait, off unless set).
+A submitter does not wait in a thread of its own: :meth:`GroupCommit.submit_future`
+hands back a :class:`~concurrent.futures.Future`, which the HTTP layer awaits on its
+event loop (:meth:`GroupCommit.submit` waits for it, for callers that block). SQLite has
+one writer (the database is its lock); PostgreSQL can have several, each on its own
+connection, so that one group's round trips overlap another's.
 
-Each waiter sleeps on a condition of its own (over the queue's one lock), so a group's
-end wakes only the requests of that group and the next leader, not every waiter: with
-a busy queue, waking all of them to find their batch not yet done cost each request a
-few thread switches.
+By default a writer never waits for a timer: a lone batch is a group of one. With
+``max_wait_s`` a writer that finds the queue short waits at most that long for more
+batches first (a bounded wait, off unless set). Writers start with the first batch
+(not at import or construction: a process that forks before serving starts its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
@@ -42,10 +43,22 @@ class Pending:
     batch: PreparedBatch
     now: float
     size: int
-    wake: threading.Condition
     outcome: IngestOutcome | None = None
     error: BaseException | None = None
-    done: bool = False
+    future: Future[IngestOutcome] = field(default_factory=Future)
+
+
+def _settle(p: Pending) -> None:
+    """Hand a batch's outcome or error to its future, unless its waiter gave up (then the
+    batch is stored all the same, or not, and nobody is told)."""
+    if p.error is None and p.outcome is None:
+        p.error = RuntimeError("the group's transaction did not finish")
+    with contextlib.suppress(InvalidStateError):  # cancelled by a waiter that gave up
+        if p.error is not None:
+            p.future.set_exception(p.error)
+        else:
+            assert p.outcome is not None
+            p.future.set_result(p.outcome)
 
 
 def batch_bytes(batch: PreparedBatch) -> int:
@@ -57,7 +70,7 @@ def batch_bytes(batch: PreparedBatch) -> int:
 
 
 class GroupCommit:
-    """The queue and the leader hand-over; ``run_group`` stores a group in one transaction.
+    """The queue and its writer threads; ``run_group`` stores a group in one transaction.
 
     ``run_group`` sets each item's ``outcome`` or ``error``; if it raises, the whole
     group fails with that exception.
@@ -69,49 +82,79 @@ class GroupCommit:
         max_batches: int,
         max_bytes: int,
         max_wait_s: float = 0.0,
+        writers: int = 1,
+        name: str = "steptally-writer",
     ) -> None:
-        """``max_wait_s`` > 0: a leader that finds fewer than ``max_batches`` batches
+        """``max_wait_s`` > 0: a writer that finds fewer than ``max_batches`` batches
         queued waits that long at most for more before it starts the transaction."""
         self._run_group = run_group
         self._max_batches = max_batches
         self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
+        self._writers = writers
+        self._name = name
         self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)  # a waiting leader sleeps on it
+        self._arrived = threading.Condition(self._lock)
         self._queue: deque[Pending] = deque()
-        self._leading = False
+        self._threads: list[threading.Thread] = []
+        self._closed = False
 
     def queued(self) -> int:
-        """How many batches wait for a transaction (not counting a group in progress)."""
+        """How many batches wait for a transaction (not counting groups in progress)."""
         with self._lock:
             return len(self._queue)
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
-        item = Pending(run, batch, now, batch_bytes(batch), threading.Condition(self._lock))
+        """Store ``batch`` with the next group; its outcome once that group committed."""
+        return self.submit_future(run, batch, now).result()
+
+    def submit_future(
+        self, run: RunRecord, batch: PreparedBatch, now: float
+    ) -> Future[IngestOutcome]:
+        item = Pending(run, batch, now, batch_bytes(batch))
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the store is closed")
+            if not self._threads:
+                self._start()
             self._queue.append(item)
             self._arrived.notify()
-            while self._leading and not item.done:
-                item.wake.wait()
-            lead = not item.done
-            if lead:
-                self._leading = True
-        if lead:
-            try:
-                while not item.done:
-                    self._one_group()
-            finally:
-                with self._lock:
-                    self._leading = False
-                    if self._queue:  # the next in line leads
-                        self._queue[0].wake.notify()
-        if item.error is not None:
-            raise item.error
-        assert item.outcome is not None
-        return item.outcome
+        return item.future
 
-    def _one_group(self) -> None:
+    def close(self) -> None:
+        """Take no more batches; the writers finish what is queued, then stop."""
         with self._lock:
+            self._closed = True
+            self._arrived.notify_all()
+            threads, self._threads = self._threads, []
+        for t in threads:
+            t.join()
+
+    def _start(self) -> None:
+        for i in range(self._writers):
+            t = threading.Thread(target=self._write, name=f"{self._name}-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _write(self) -> None:
+        while True:
+            group = self._next_group()
+            if group is None:
+                return
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # the transaction failed: nothing of it is durable
+                for p in group:
+                    p.outcome, p.error = None, exc
+            for p in group:
+                _settle(p)
+
+    def _next_group(self) -> list[Pending] | None:
+        with self._lock:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._arrived.wait()
             if self._max_wait_s > 0 and len(self._queue) < self._max_batches:
                 deadline = time.monotonic() + self._max_wait_s
                 while len(self._queue) < self._max_batches:
@@ -127,15 +170,4 @@ class GroupCommit:
             ):
                 size += self._queue[0].size
                 group.append(self._queue.popleft())
-        try:
-            self._run_group(group)
-        except BaseException as exc:  # the transaction failed: nothing of it is durable
-            for p in group:
-                p.outcome, p.error = None, exc
-        finally:
-            with self._lock:
-                for p in group:
-                    if p.outcome is None and p.error is None:
-                        p.error = RuntimeError("the group's transaction did not finish")
-                    p.done = True
-                    p.wake.notify()
+            return group

@@ -16,6 +16,7 @@ many requests or instances race; the combining itself is the pure
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -118,6 +119,10 @@ class Store(Protocol):
         """Store a batch all-or-nothing and finalise the steps it completes (or adds to
         after a partial finalisation); raises a 409 service error and changes nothing
         on a conflict."""
+        ...
+
+    def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
+        """:meth:`ingest` without waiting: a future of its outcome (or its error)."""
         ...
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -32,7 +34,7 @@ from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.domain.step import StepState, is_due
 from steptally.service.store import sql_ingest, sql_query
 from steptally.service.store.dialect import dialect_for
-from steptally.service.store.engine import DatabaseLimits, make_engine, transaction
+from steptally.service.store.engine import DatabaseLimits, make_engine, transaction, writing
 from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.migration import check_current
 from steptally.service.store.protocol import (
@@ -61,22 +63,28 @@ class SqlStore:
         group_max_batches: int | None = None,
         group_max_bytes: int = 16 << 20,
         group_max_wait_s: float = 0.0,
+        writers: int | None = None,
     ) -> None:
-        """``group_max_batches`` None picks the database's default (64 on SQLite, 1 on
-        PostgreSQL: see :mod:`.dialect`); ``group_max_wait_s`` bounds a leader's wait
-        for more batches."""
+        """``group_max_batches`` None picks the database's default (see :mod:`.dialect`;
+        1 turns grouping off); ``group_max_wait_s`` bounds a writer's wait for more
+        batches; ``writers`` None, the database's number of writer threads."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
         self._recovered = False  # see finalise_stranded
         self._writers = self.dialect.writer_lock()
-        if group_max_batches is None:
-            group_max_batches = self.dialect.default_group
-        self._group = (
-            GroupCommit(self._ingest_group, group_max_batches, group_max_bytes, group_max_wait_s)
-            if group_max_batches > 1
-            else None
+        self._local = threading.local()  # a writer thread's own connection
+        self._held: set[Connection] = set()  # every such connection, closed with the store
+        self.group_max_batches = group_max_batches or self.dialect.default_group
+        self._group = GroupCommit(
+            self._ingest_group,
+            self.group_max_batches,
+            group_max_bytes,
+            group_max_wait_s,
+            writers or self.dialect.default_writers,
         )
+        # told, on the writer thread, of every group that committed (Redis coordination)
+        self.after_group: Callable[[list[Pending]], None] | None = None
 
     @classmethod
     def from_url(
@@ -86,19 +94,48 @@ class SqlStore:
         group_max_bytes: int = 16 << 20,
         limits: DatabaseLimits | None = None,
         group_max_wait_s: float = 0.0,
+        writers: int | None = None,
     ) -> SqlStore:
         """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``."""
-        store = cls(make_engine(url, limits), group_max_batches, group_max_bytes, group_max_wait_s)
+        engine = make_engine(url, limits)
+        store = cls(engine, group_max_batches, group_max_bytes, group_max_wait_s, writers)
         store.url = url
         return store
 
     def close(self) -> None:
+        self._group.close()
+        with self._writers:
+            held, self._held = self._held, set()
+        for conn in held:
+            conn.close()
         self.engine.dispose()
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._writers, transaction(self.engine, write=True) as conn:
-            yield conn
+        """A write transaction: on a writer thread, on its own connection (kept from one
+        group to the next, dropped after an error); elsewhere, one from the pool."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            with self._writers, transaction(self.engine, write=True) as conn:
+                yield conn
+            return
+        try:
+            with self._writers, conn.begin():
+                yield conn
+        except BaseException:
+            self._local.conn = None
+            self._held.discard(conn)
+            conn.invalidate()
+            conn.close()
+            raise
+
+    @contextlib.contextmanager
+    def _writer_connection(self) -> Iterator[None]:
+        """Run the block (a group, on a writer thread) with the thread's own connection."""
+        if getattr(self._local, "conn", None) is None:
+            self._local.conn = writing(self.engine.connect())
+            self._held.add(self._local.conn)
+        yield
 
     def check_ready(self) -> None:
         """Raise unless the database answers and its schema is at head (``NotMigrated``)."""
@@ -136,9 +173,15 @@ class SqlStore:
     # -- fragments and steps ----------------------------------------------------------
 
     def ingest(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
-        if self._group is not None:
-            return self._group.submit(run, batch, now)
-        return self._ingest_alone(run, batch, now)
+        return self.submit(run, batch, now).result()
+
+    def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
+        """:meth:`ingest` without waiting: the outcome once the batch's group committed."""
+        return self._group.submit_future(run, batch, now)
+
+    def queued(self) -> int:
+        """Batches waiting for a writer."""
+        return self._group.queued()
 
     def _ingest_alone(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         with self._write() as conn:
@@ -147,6 +190,16 @@ class SqlStore:
         return stored.outcome
 
     def _ingest_group(self, group: list[Pending]) -> None:
+        """Store a group of batches (on a writer thread), then tell ``after_group``."""
+        with self._writer_connection():
+            self._store_group(group)
+        if self.after_group is not None:
+            try:
+                self.after_group(group)
+            except Exception:  # it only coordinates: the batches are durable
+                log.exception("after a group of %d batches", len(group))
+
+    def _store_group(self, group: list[Pending]) -> None:
         """Store a group of batches in one transaction, each all-or-nothing in its own
         savepoint; sets each one's outcome or error. Raises (failing them all) if the
         transaction itself fails."""

@@ -103,8 +103,8 @@ def _store(
 ) -> Stored:
     found = dialect.probe(conn, run, batch, now, savepoint)
     collided = rules.duplicates(batch, found)
-    if collided:
-        stored = _stored_fragments(conn, dialect.sql, run, collided)
+    if collided:  # read whole first: no cursor is left open when a check raises
+        stored = list(_stored_fragments(conn, dialect.sql, run, collided))
         rules.check_duplicates(batch, collided, stored)
     rules.check(batch, found)
     deltas = rules.count(

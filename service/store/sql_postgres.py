@@ -40,7 +40,7 @@ from steptally.service.domain.batch import CommitKey, PreparedBatch
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, opened
 from steptally.service.store import sql_series
-from steptally.service.store.sql_statement import PIPELINE, core, keys_params, pair_lock_key
+from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
 from steptally.service.store.sql_step import PartialRow, new_row, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
@@ -56,7 +56,8 @@ class PostgresDialect:
 
     name = "postgresql"
     sql = core(postgresql.insert)
-    default_group = 1
+    default_group = 64
+    default_writers = 2
     finalises_after_commit = True
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
@@ -87,8 +88,8 @@ class PostgresDialect:
             _copy_fragments(driver, run, batch)
         frag_params = _fragment_params(run, batch) if batch.fragments and not copied else None
         commit_params = _commit_params(run, batch) if batch.commits else None
-        pair_params = keys_params(run.id, pairs)
-        top_params = keys_params(run.id, batch.commits) if batch.commits else None
+        pair_params = pairs_params(run.id, pairs)
+        top_params = pairs_params(run.id, batch.commits) if batch.commits else None
         read = driver.cursor(row_factory=namedtuple_row)
         frags, commits, declared, tops, parts = (driver.cursor() for _ in range(5))
         with driver.pipeline():
@@ -221,7 +222,7 @@ def _keys(cursor: Any, wanted: Any) -> list[Any]:
 def _tops(cursor: Any, commits: dict[CommitKey, int]) -> dict[CommitKey, int]:
     if not commits:
         return {}
-    return {(s, r): top for s, r, top in cursor.fetchall() if (s, r) in commits}
+    return {(s, r): top for s, r, top in cursor.fetchall() if top is not None}
 
 
 def _fragment_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:

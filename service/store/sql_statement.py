@@ -132,11 +132,11 @@ def _type(column: Column[Any]) -> str:
 
 
 def _param(column: Column[Any], name: str | None = None) -> str:
-    return f"%({name or column.name})s::{_type(column)}"
+    return f"%({name or column.name})b::{_type(column)}"
 
 
 def _array(column: Column[Any], name: str | None = None) -> str:
-    return f"%({name or column.name})s::{_type(column)}[]"
+    return f"%({name or column.name})b::{_type(column)}[]"
 
 
 def _names(columns: Sequence[Column[Any]]) -> str:
@@ -155,12 +155,25 @@ def _unnest_insert(table: Table, conflict: str, returning: Sequence[str] = ()) -
     return text + (f" RETURNING {', '.join(returning)}" if returning else "")
 
 
-def _of_pairs(table: Table) -> str:
-    """The condition of :func:`keys_params` as arrays."""
+def pairs_params(run_id: int, pairs: Any) -> dict[str, Any]:
+    """Parameters naming exactly the (step, rank) ``pairs``, for the :data:`PIPELINE`
+    reads of pairs: ``%(run)s``, and ``%(step)s`` and ``%(rank)s`` side by side."""
+    ordered = sorted(pairs)
+    return {"run": run_id, "step": [p[0] for p in ordered], "rank": [p[1] for p in ordered]}
+
+
+_PAIRS = (
+    f"unnest({_array(STEPS.c.step, 'step')}, {_array(COMMITS.c.rank, 'rank')}) AS p(step, rank)"
+)
+
+
+def _of_pairs(table: Table, columns: str) -> str:
+    """``columns`` of the rows of :func:`pairs_params`' pairs, one key lookup a pair
+    (``LATERAL``: a join would plan for a hundred pairs and read the whole table)."""
     return (
-        f"run_id = {_param(table.c.run_id, 'run')} "
-        f"AND step = ANY({_array(table.c.step, 'steps')}) "
-        f"AND rank = ANY({_array(table.c.rank, 'ranks')})"
+        f"SELECT p.step, p.rank, {columns} FROM {_PAIRS} CROSS JOIN LATERAL "
+        f"(SELECT {columns} FROM {table.name} WHERE run_id = {_param(table.c.run_id, 'run')} "
+        "AND step = p.step AND rank = p.rank) AS t"
     )
 
 
@@ -217,15 +230,15 @@ class PipelineText:
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     insert_fragments: str  # %(run_id)s and an array per fragments column
     insert_commits: str  # %(run_id)s and an array per commits column
-    commits_of: str  # keys_params
-    max_seq_of: str  # keys_params
+    commits_of: str  # pairs_params: (step, rank, fragments)
+    max_seq_of: str  # pairs_params: (step, rank, highest seq or null)
     upsert_values: str  # %(run_id)s and an array per step_values column
     copy_table: str  # creates (once per transaction) the table a large batch is copied to
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
     insert_copied: str  # the copied rows into fragments, RETURNING the new keys
     clear_copied: str
-    partials_of: str  # keys_params: (step, rank, fragments, state)
+    partials_of: str  # pairs_params: (step, rank, fragments, state)
     upsert_partials: str  # %(run_id)s and an array per partials column
 
 
@@ -234,7 +247,7 @@ _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
 _value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
 
 PIPELINE = PipelineText(
-    lock_pairs="SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::BIGINT[]) AS k",
+    lock_pairs="SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS k",
     steps_of=(
         f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = {_param(STEPS.c.run_id, 'run')} "
         f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
@@ -242,10 +255,11 @@ PIPELINE = PipelineText(
     add_to_steps=_add_to_steps(),
     insert_fragments=_unnest_insert(FRAGMENTS, "DO NOTHING", ("step", "rank", "seq")),
     insert_commits=_unnest_insert(COMMITS, "DO NOTHING", ("step", "rank")),
-    commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of_pairs(COMMITS)}",
+    commits_of=_of_pairs(COMMITS, "fragments"),
     max_seq_of=(
-        f"SELECT step, rank, max(seq) FROM fragments WHERE {_of_pairs(FRAGMENTS)} "
-        "GROUP BY step, rank"
+        "SELECT p.step, p.rank, (SELECT f.seq FROM fragments AS f "
+        f"WHERE f.run_id = {_param(FRAGMENTS.c.run_id, 'run')} AND f.step = p.step "
+        f"AND f.rank = p.rank ORDER BY f.seq DESC LIMIT 1) FROM {_PAIRS}"
     ),
     upsert_values=_unnest_insert(
         STEP_VALUES,
@@ -261,9 +275,7 @@ PIPELINE = PipelineText(
         "RETURNING step, rank, seq"
     ),
     clear_copied=f"DELETE FROM {_COPIED}",
-    partials_of=(
-        f"SELECT step, rank, fragments, state FROM {PARTIALS.name} WHERE {_of_pairs(PARTIALS)}"
-    ),
+    partials_of=_of_pairs(PARTIALS, "fragments, state"),
     upsert_partials=_unnest_insert(
         PARTIALS,
         "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state",

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -37,8 +39,21 @@ from steptally.service.store.protocol import FinalisedStep, IngestOutcome, Store
 from steptally.service.usecase.registration import RunDirectory
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A body decoded and checked for its run, ready for the store; ``fragments`` is how
+    many it carried."""
+
+    run: RunRecord
+    batch: PreparedBatch
+    fragments: int
+    partial: bool
+
+
 class Ingest:
-    """``POST /v1/runs/{run}/fragments`` without the HTTP."""
+    """``POST /v1/runs/{run}/fragments`` without the HTTP: called whole, or in three
+    parts — :meth:`prepare`, :meth:`submit`, :meth:`answered` — so that the HTTP layer
+    waits for the store's commit without holding a thread."""
 
     def __init__(
         self,
@@ -59,14 +74,43 @@ class Ingest:
     ) -> dict[str, Any]:
         """Store the batch in ``body``; ``arrived`` is the request's ``perf_counter``."""
         arrived = time.perf_counter() if arrived is None else arrived
+        prepared = self.prepare(run_name, body, partial)
+        try:
+            if partial:
+                outcome = self._store_partial(prepared.run, prepared.batch)
+            else:
+                outcome = self._store.ingest(prepared.run, prepared.batch, self._clock())
+        except ServiceError as exc:
+            self.refused(prepared, exc)
+            raise
+        return self.answered(prepared, outcome, arrived)
+
+    def prepare(self, run_name: str, body: bytes, partial: bool = False) -> Prepared:
+        """Decode, check and pack the batch in ``body`` for its run (a 4xx error if it is
+        wrong), with its pairs' exact partial states: everything before the store."""
         run = self._runs.get(run_name)
         decoded, columnar = decode(parse(body))
         try:
             run, batch = _prepare(self._runs, run, decoded, columnar, partial)
-            outcome = self._store_partial(run, batch) if partial else self._store_all(run, batch)
-        except ServiceError as exc:  # the batch is refused whole
+        except ServiceError as exc:
             self._telemetry.fragments_refused(run.name, exc.code, len(decoded.steps))
             raise
+        return Prepared(run, batch, len(decoded.steps), partial)
+
+    def submit(self, prepared: Prepared) -> Future[IngestOutcome]:
+        """Store a prepared batch (not ``partial``) without waiting: its outcome once its
+        group committed, to hand to :meth:`answered` (an error: to :meth:`refused`)."""
+        return self._store.submit(prepared.run, prepared.batch, self._clock())
+
+    def refused(self, prepared: Prepared, error: ServiceError) -> None:
+        """Count a batch the store refused whole."""
+        self._telemetry.fragments_refused(prepared.run.name, error.code, prepared.fragments)
+
+    def answered(
+        self, prepared: Prepared, outcome: IngestOutcome, arrived: float
+    ) -> dict[str, Any]:
+        """Count a stored batch, publish the steps it finalised; its answer."""
+        run, batch = prepared.run, prepared.batch
         for r in batch.rejected:
             if r.seq is not None:
                 self._telemetry.fragments_refused(run.name, r.code)
@@ -74,12 +118,9 @@ class Ingest:
         if outcome.finalised:
             self._published(outcome.finalised)
         out = answer(outcome)
-        if partial:
+        if prepared.partial:
             out["rejected"] = [rejection_json(r) for r in batch.rejected]
         return out
-
-    def _store_all(self, run: RunRecord, batch: PreparedBatch) -> IngestOutcome:
-        return self._store.ingest(run, batch, self._clock())
 
     def _store_partial(self, run: RunRecord, batch: PreparedBatch) -> IngestOutcome:
         """Store what the store accepts; each refused item is left out, then again."""

@@ -139,6 +139,10 @@ class RunDirectory:
             self.put(run)
         return run
 
+    def cached(self, name: str) -> bool:
+        """Whether :meth:`get` answers ``name`` from memory (without the store)."""
+        return name in self._runs
+
     def put(self, run: RunRecord) -> None:
         with self._lock:
             self._runs[run.name] = run

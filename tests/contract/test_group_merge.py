@@ -11,7 +11,6 @@ expects.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -114,10 +113,7 @@ def _compare(
 
     monkeypatch.setattr(SqlStore, "_ingest_merged", spy)
     start = T0 + 100
-    items = [
-        Pending(runs["g"], _prepared(runs["g"], b), start + i, 0, threading.Condition())
-        for i, b in enumerate(group)
-    ]
+    items = [Pending(runs["g"], _prepared(runs["g"], b), start + i, 0) for i, b in enumerate(group)]
     store._ingest_group(items)
     grouped = [_answer(p.outcome if p.error is None else p.error) for p in items]
     assert all(p.outcome is not None or isinstance(p.error, ServiceError) for p in items)

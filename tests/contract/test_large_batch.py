@@ -7,7 +7,6 @@ same tests through its plain statements."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from fractions import Fraction
 
@@ -100,7 +99,7 @@ def test_large_batches_in_a_group_that_goes_one_by_one(sql_store: SqlStore) -> N
         _batch(run, 1, range(1, RANKS)),  # copied after it: none of its rows
         _batch(run, 0, range(RANKS - 1, RANKS)),  # small: completes step 0
     ]
-    items = [Pending(run, b, T0 + 10 + i, 0, threading.Condition()) for i, b in enumerate(group)]
+    items = [Pending(run, b, T0 + 10 + i, 0) for i, b in enumerate(group)]
     sql_store._ingest_group(items)
     assert isinstance(items[1].error, FragmentConflict)
     answers = [(p.outcome.accepted, p.outcome.duplicates) for p in items if p.outcome]

@@ -59,8 +59,8 @@ def gate(app: Any) -> Iterator[CommitGate]:
 
 
 def _queued(app: Any) -> int:
-    group = getattr(app.state.store, "_group", None)
-    return 0 if group is None else group.queued()
+    queued: int = app.state.store.queued()
+    return queued
 
 
 def _run_gated(
@@ -95,8 +95,9 @@ def _run_gated(
 
 @pytest.fixture
 def app_and_client(make_client: Any) -> Any:
-    """Grouping on, 64 batches at most (the default, set here whatever it becomes)."""
-    return make_client(ingest_group_max_batches=64)
+    """Grouping on, 64 batches at most (the default, set here whatever it becomes), one
+    writer (so that every batch that queues behind the gated one waits for it)."""
+    return make_client(ingest_group_max_batches=64, ingest_writers=1)
 
 
 def _batches(app: Any) -> float:
@@ -179,7 +180,7 @@ def test_conflicting_batch_fails_alone_inside_its_group(
 def test_grouping_can_be_turned_off(make_client: Any, api_of: Any) -> None:
     app, client = make_client(ingest_group_max_batches=1)
     api = api_of(client)
-    assert app.state.store._group is None
+    assert app.state.store.group_max_batches == 1
     gate = CommitGate(app)
     try:
         ranks = 8
@@ -242,8 +243,43 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
         )
 
 
-def test_grouping_defaults_to_on_for_sqlite_and_off_for_postgres(
+def test_grouping_defaults_to_64_batches_on_one_writer_for_sqlite_two_for_postgres(
     make_client: Any, db_url: str
 ) -> None:
     app, _ = make_client()  # no ingest_group_max_batches: the database's default
-    assert (app.state.store._group is not None) == db_url.startswith("sqlite")
+    store = app.state.store
+    assert store.group_max_batches == 64
+    assert store._group._writers == (1 if db_url.startswith("sqlite") else 2)
+
+
+def test_a_second_writer_stores_groups_while_the_first_waits_on_its_commit(
+    make_client: Any, api_of: Any, db_url: str
+) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer at a time")
+    app, client = make_client(ingest_group_max_batches=64, ingest_writers=2)
+    api = api_of(client)
+    gate = CommitGate(app)
+    try:
+        api.register(world_size=2)
+        api.send([(9, 0, 0, {"a": 0.5, "n": 1})])
+        gate.arm()
+        first = threading.Thread(target=lambda: api.send([(0, 0, 0, {"a": 1.0, "n": 1})]))
+        first.start()
+        assert gate.entered.wait(30)  # the first writer waits at its COMMIT
+        answers: list[Any] = []
+        rest = threading.Thread(
+            target=lambda: answers.extend(
+                api.send([(1, r, 0, {"a": 2.0, "n": 1})], [(1, r, 1)]) for r in range(2)
+            )
+        )
+        rest.start()
+        rest.join(10)  # with one writer these would wait for the gate, which stays shut
+        assert not rest.is_alive() and [a.status_code for a in answers] == [200, 200]
+        assert answers[1].json()["finalised"] == [{"step": 1, "status": "complete", "revision": 1}]
+        assert first.is_alive()
+    finally:
+        gate.release()
+        first.join(10)
+        gate.close()
+    assert api.step(0)["fragments"]["received"] == 1

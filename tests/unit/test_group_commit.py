@@ -148,3 +148,17 @@ def test_the_wait_is_bounded() -> None:
     took = time.monotonic() - t0
     assert groups == [1]
     assert 0.02 <= took < 2.0
+
+
+def test_a_waiter_that_gives_up_leaves_the_writer_working() -> None:
+    # the HTTP layer's deadline cancels its wait: the batch is stored all the same, and
+    # the writer goes on to the next group (it once died setting the cancelled result)
+    fake = FakeTransactions()
+    group = GroupCommit(fake, max_batches=4, max_bytes=1 << 20)
+    first = group.submit_future(NO_RUN, _batch(0), 0.0)
+    assert fake.entered.wait(10)
+    assert first.cancel()
+    fake.opened.set()
+    answer = group.submit(NO_RUN, _batch(1), 0.0)
+    assert answer.commits == 1 and fake.groups == [[0], [1]]
+    group.close()

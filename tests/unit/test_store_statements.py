@@ -8,6 +8,7 @@ from steptally.service.store.sql_statement import PIPELINE, STATE_COLUMNS, pair_
 
 
 def test_every_value_is_bound_never_spelled_in_the_text() -> None:
+    # bound in binary (%(name)b), cast to its column's type
     for field in dataclasses.fields(PIPELINE):
         text = getattr(PIPELINE, field.name)
         assert "'" not in text, field.name  # no literal: 'open' is bound as %(open)s
@@ -17,12 +18,12 @@ def test_counters_are_added_to_in_step_order_creating_new_steps() -> None:
     assert PIPELINE.add_to_steps == (
         "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
         "received, missing_ranks, first_seen_at, deadline, finalised_at, result) "
-        "SELECT %(run_id)s::INTEGER, d.step, %(status)s::VARCHAR(16), %(revision)s::INTEGER, "
-        "d.committed, d.expected, d.received, %(world_size)s::INTEGER - d.committed, "
-        "%(first_seen_at)s::DOUBLE PRECISION, %(deadline)s::DOUBLE PRECISION, "
-        "%(finalised_at)s::DOUBLE PRECISION, %(result)s::TEXT "
-        "FROM unnest(%(step)s::BIGINT[], %(received)s::BIGINT[], %(committed)s::INTEGER[], "
-        "%(expected)s::BIGINT[]) AS d(step, received, committed, expected) ORDER BY d.step "
+        "SELECT %(run_id)b::INTEGER, d.step, %(status)b::VARCHAR(16), %(revision)b::INTEGER, "
+        "d.committed, d.expected, d.received, %(world_size)b::INTEGER - d.committed, "
+        "%(first_seen_at)b::DOUBLE PRECISION, %(deadline)b::DOUBLE PRECISION, "
+        "%(finalised_at)b::DOUBLE PRECISION, %(result)b::TEXT "
+        "FROM unnest(%(step)b::BIGINT[], %(received)b::BIGINT[], %(committed)b::INTEGER[], "
+        "%(expected)b::BIGINT[]) AS d(step, received, committed, expected) ORDER BY d.step "
         "ON CONFLICT (run_id, step) DO UPDATE SET "
         "committed_ranks = steps.committed_ranks + excluded.committed_ranks, "
         "expected = steps.expected + excluded.expected, "
@@ -47,21 +48,21 @@ def test_pair_lock_keys_are_signed_64_bit_and_the_same_in_every_process() -> Non
     assert all(-(1 << 63) <= k < (1 << 63) for k in keys)
     assert (
         PIPELINE.lock_pairs
-        == "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::BIGINT[]) AS k"
+        == "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS k"
     )
 
 
 def test_fragments_are_inserted_from_one_array_per_column() -> None:
     assert PIPELINE.insert_fragments == (
         "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, tails) "
-        "SELECT %(run_id)s::INTEGER, * FROM unnest(%(step)s::BIGINT[], %(rank)s::INTEGER[], "
-        "%(seq)s::BIGINT[], %(values_f64)s::BYTEA[], %(present)s::BYTEA[], "
-        "%(tails)s::BYTEA[]) ON CONFLICT DO NOTHING RETURNING step, rank, seq"
+        "SELECT %(run_id)b::INTEGER, * FROM unnest(%(step)b::BIGINT[], %(rank)b::INTEGER[], "
+        "%(seq)b::BIGINT[], %(values_f64)b::BYTEA[], %(present)b::BYTEA[], "
+        "%(tails)b::BYTEA[]) ON CONFLICT DO NOTHING RETURNING step, rank, seq"
     )
     assert PIPELINE.upsert_values == (
         "INSERT INTO step_values (run_id, col, step, value, state) "
-        "SELECT %(run_id)s::INTEGER, * FROM unnest(%(col)s::INTEGER[], %(step)s::BIGINT[], "
-        "%(value)s::DOUBLE PRECISION[], %(state)s::SMALLINT[]) "
+        "SELECT %(run_id)b::INTEGER, * FROM unnest(%(col)b::INTEGER[], %(step)b::BIGINT[], "
+        "%(value)b::DOUBLE PRECISION[], %(state)b::SMALLINT[]) "
         "ON CONFLICT (run_id, col, step) DO UPDATE SET value = excluded.value, "
         "state = excluded.state"
     )
