@@ -42,7 +42,7 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, opened
 from steptally.service.store import sql_series
 from steptally.service.store.sql_postgres import PostgresDialect
-from steptally.service.store.sql_statement import SQLITE, Statements, core
+from steptally.service.store.sql_statement import SQLITE, RowsInsert, Statements, core
 from steptally.service.store.sql_step import PartialRow, state_of_tuple, step_tuple
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
@@ -178,21 +178,12 @@ class SqliteDialect:
         with its counters as the probe read them plus ``added`` (one writer: they are
         current)."""
         db, run_id, text = _driver(conn), run.id, SQLITE
-        if found.new_frags:
-            cells = batch.fragments
-            db.executemany(
-                text.insert_fragments, [(run_id, *k, *cells[k]) for k in found.new_frags]
-            )
-        if found.new_commits:
-            commits = batch.commits
-            db.executemany(
-                text.insert_commits, [(run_id, *k, commits[k]) for k in found.new_commits]
-            )
-        if partials:
-            db.executemany(text.upsert_partials, [(run_id, *row) for row in partials])
+        cells, commits = batch.fragments, batch.commits
+        _insert(db, text.insert_fragments, [(run_id, *k, *cells[k]) for k in found.new_frags])
+        _insert(db, text.insert_commits, [(run_id, *k, commits[k]) for k in found.new_commits])
+        _insert(db, text.upsert_partials, [(run_id, *row) for row in partials])
         changed = [found.steps[s] for s in sorted(added)]
-        if changed:
-            db.executemany(text.upsert_steps, [step_tuple(run_id, row) for row in changed])
+        _insert(db, text.upsert_steps, [step_tuple(run_id, row) for row in changed])
         return changed
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -208,6 +199,18 @@ def _driver(conn: Connection) -> Any:
     db = conn.connection.driver_connection
     assert db is not None
     return db
+
+
+#: the most parameters one statement takes (SQLite's limit since 3.32 is 32766)
+MAX_PARAMETERS = 32_000
+
+
+def _insert(db: Any, stmt: RowsInsert, rows: Sequence[tuple[Any, ...]]) -> None:
+    """``rows`` in as few statements as the parameter limit allows."""
+    per = max(1, MAX_PARAMETERS // stmt.columns)
+    for at in range(0, len(rows), per):
+        chunk = rows[at : at + per]
+        db.execute(stmt.text(len(chunk)), [v for row in chunk for v in row])
 
 
 def _json(numbers: Iterable[int]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Column, Table, bindparam, func, select, update
@@ -290,27 +291,52 @@ def _in_json(column: str) -> str:
     return f"{column} IN (SELECT value FROM json_each(?))"
 
 
-def _insert_row(table: Table, conflict: str = "") -> str:
-    marks = ", ".join("?" for _ in table.c)
-    return f"INSERT INTO {table.name} ({_names(list(table.c))}) VALUES ({marks}){conflict}"
+@dataclass(frozen=True)
+class RowsInsert:
+    """An ``INSERT`` of any number of rows as ONE statement (``VALUES (...), (...)``):
+    the driver steps a statement once, where ``executemany`` steps it (and lets go of
+    the GIL) once a row. :meth:`text` is the statement for ``n`` rows."""
+
+    table: str
+    columns: int
+    head: str
+    tail: str
+
+    def text(self, n: int) -> str:
+        return _rows_text(self.head, self.columns, n, self.tail)
+
+
+@cache
+def _rows_text(head: str, columns: int, n: int, tail: str) -> str:
+    row = "(" + ", ".join("?" * columns) + ")"
+    return head + ", ".join([row] * n) + tail
+
+
+def _rows_insert(table: Table, conflict: str = "") -> RowsInsert:
+    return RowsInsert(
+        table.name,
+        len(table.c),
+        f"INSERT INTO {table.name} ({_names(list(table.c))}) VALUES ",
+        conflict,
+    )
 
 
 @dataclass(frozen=True)
 class SqliteText:
     """SQLite's ingest path (:class:`~.dialect.SqliteDialect`), sent through the driver:
     ``?`` parameters, a set of numbers as one JSON array (``json_each``), so that each
-    text stays one prepared statement whatever the batch. The reads take the run id
-    and JSON arrays of steps (and ranks, and seqs); the writes one row each."""
+    read stays one prepared statement whatever the batch. The reads take the run id
+    and JSON arrays of steps (and ranks, and seqs); the writes are :class:`RowsInsert`."""
 
     steps_of: str  # run, steps: every column
     partials_of: str  # run, steps, ranks: step, rank, fragments, state
     commits_of: str  # run, steps, ranks: step, rank, fragments
     fragment_keys_of: str  # run, steps, ranks, seqs: step, rank, seq
     max_seq_of: str  # run, steps, ranks: step, rank, max(seq)
-    insert_fragments: str
-    insert_commits: str
-    upsert_partials: str
-    upsert_steps: str  # a step row; a stored one takes the row's counters
+    insert_fragments: RowsInsert
+    insert_commits: RowsInsert
+    upsert_partials: RowsInsert
+    upsert_steps: RowsInsert  # step rows; a stored one takes the row's counters
 
 
 _of = f"run_id = ? AND {_in_json('step')} AND {_in_json('rank')}"
@@ -322,14 +348,14 @@ SQLITE = SqliteText(
     commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of}",
     fragment_keys_of=f"SELECT step, rank, seq FROM fragments WHERE {_of} AND {_in_json('seq')}",
     max_seq_of=f"SELECT step, rank, max(seq) FROM fragments WHERE {_of} GROUP BY step, rank",
-    insert_fragments=_insert_row(FRAGMENTS),
-    insert_commits=_insert_row(COMMITS),
-    upsert_partials=_insert_row(
+    insert_fragments=_rows_insert(FRAGMENTS),
+    insert_commits=_rows_insert(COMMITS),
+    upsert_partials=_rows_insert(
         PARTIALS,
         " ON CONFLICT (run_id, step, rank) DO UPDATE SET "
         "fragments = excluded.fragments, state = excluded.state",
     ),
-    upsert_steps=_insert_row(
+    upsert_steps=_rows_insert(
         STEPS,
         " ON CONFLICT (run_id, step) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in _counters),
