@@ -36,8 +36,8 @@ class Settings(BaseSettings):
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # and a writer that finds fewer queued waits at most this long for more (0: never)
     ingest_group_max_wait_s: float = Field(default=0.0, ge=0, le=1.0)
-    # threads that store the groups, each on its own connection. Unset: 1 on SQLite (one
-    # writer at a time), 2 on PostgreSQL
+    # threads that store the groups, each on its own connection. Unset: 2 (SQLite: they
+    # take turns, one syncing its commit while the other runs its statements)
     ingest_writers: int | None = Field(default=None, ge=1, le=64)
     # every wait on the database is bounded (service/store/engine.py): a hung database
     # answers 503 unavailable with Retry-After; /readyz answers within its own timeout

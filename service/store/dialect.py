@@ -8,10 +8,13 @@ talks to. A dialect brings:
 * ``default_group``: how many batches share a transaction unless set (64 on both: a
   commit is an fsync, and on PostgreSQL every statement a round trip's worth of work,
   that grouping saves), and ``default_writers``: how many writer threads take the
-  groups (SQLite 1, the database has one writer; PostgreSQL 2, one group's round trips
-  beside another's; see ``bench/README.md``, Scale);
-* ``writer_lock()``: what the writers of one store queue on (SQLite has one writer at a
-  time; PostgreSQL locks rows);
+  groups (2 on both: SQLite's writers take turns, one syncing its commit while the next
+  runs its statements; PostgreSQL's run side by side; see ``bench/README.md``, Scale);
+* ``writer_connection`` and ``sync``: a writer thread's own connection, and what makes
+  its commits durable before the group's batches are answered (SQLite syncs its WAL
+  once a group, outside the writer lock; PostgreSQL's commit is durable);
+* ``writer_lock()``: what the writers queue on (SQLite has one writer at a time, in
+  every process: :class:`WriterLock`; PostgreSQL locks pairs and rows);
 * ``for_update(stmt)``: a read that locks its rows until the transaction ends;
 * ``probe`` and ``apply``: the two ends of a batch's transaction, around the step
   rules (:mod:`.sql_ingest`): hold the batch's (step, rank) pairs and read back what
@@ -30,6 +33,8 @@ talks to. A dialect brings:
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -56,6 +61,15 @@ class Dialect(Protocol):
     finalises_after_commit: bool  # a batch alone: its steps finalised after its commit
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]: ...
+
+    def writer_connection(self, conn: Connection) -> Connection:
+        """Set up a writer thread's own connection (kept from one group to the next)."""
+        ...
+
+    def sync(self) -> None:
+        """Make durable what a writer's connection committed (after its transactions,
+        outside the writer lock), where its commits leave that to it."""
+        ...
 
     def for_update(self, stmt: Select[Any]) -> Select[Any]: ...
 
@@ -102,19 +116,78 @@ class Dialect(Protocol):
         ...
 
 
+class WriterLock:
+    """SQLite's writers, queued: a thread lock, then (for a database in a file) an
+    exclusive ``flock`` of ``<database>-writer.lock``, so that the writers of every
+    process on one database (``serve --workers N``) take turns as soon as the one before
+    them commits, instead of sleeping in SQLite's busy handler and retrying."""
+
+    def __init__(self, database: str | None) -> None:
+        self._thread = threading.Lock()
+        self._path = f"{database}-writer.lock" if database and database != ":memory:" else None
+        self._fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        self._thread.acquire()
+        if self._path is not None:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._thread.release()
+                raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread.release()
+
+
 class SqliteDialect:
-    """SQLite: one writer at a time (the whole database is its lock), queued on the
-    store's own lock; the statements of :data:`.sql_statement.SQLITE`, through the
+    """SQLite: one writer at a time (the whole database is its lock), queued on a
+    :class:`WriterLock`; the statements of :data:`.sql_statement.SQLITE`, through the
     driver. It reads before it writes, so it inserts only what is new."""
 
     name = "sqlite"
     sql = core(sqlite.insert)
     default_group = 64
-    default_writers = 1
+    default_writers = 2  # one's sync (outside the writer lock) beside the other's statements
     finalises_after_commit = False
 
+    def __init__(self, database: str | None = None) -> None:
+        self._database = database
+
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
-        return threading.Lock()
+        return WriterLock(self._database)
+
+    def writer_connection(self, conn: Connection) -> Connection:
+        """A writer's connection commits without waiting for the disk (``synchronous =
+        NORMAL``: the WAL is written, not synced); :meth:`sync` syncs it after the group,
+        outside the writer lock, before any batch is answered. So the next group's
+        statements run while this one's sync waits on the disk, and one sync covers
+        every commit before it. Other connections keep ``FULL``."""
+        if self._database and self._database != ":memory:":  # outside any transaction
+            _driver(conn).execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def sync(self) -> None:
+        """``fdatasync`` the database's WAL: every commit written to it so far is durable
+        (SQLite appends commits to the WAL in order). The file is opened anew each time:
+        the WAL a stale descriptor named could have been replaced."""
+        if not self._database or self._database == ":memory:":
+            return
+        try:
+            fd = os.open(f"{self._database}-wal", os.O_RDONLY)
+        except FileNotFoundError:  # checkpointed into the database and removed: synced
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt  # the write transaction (BEGIN IMMEDIATE) holds the whole database
@@ -244,7 +317,7 @@ def _top_seq(
 def dialect_for(engine: Engine) -> Dialect:
     """The dialect of ``engine``'s database: the one place that looks at its name."""
     dialects: dict[str, Callable[[], Dialect]] = {
-        SqliteDialect.name: SqliteDialect,
+        SqliteDialect.name: lambda: SqliteDialect(engine.url.database),
         PostgresDialect.name: PostgresDialect,
     }
     try:

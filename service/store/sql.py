@@ -133,7 +133,7 @@ class SqlStore:
     def _writer_connection(self) -> Iterator[None]:
         """Run the block (a group, on a writer thread) with the thread's own connection."""
         if getattr(self._local, "conn", None) is None:
-            self._local.conn = writing(self.engine.connect())
+            self._local.conn = self.dialect.writer_connection(writing(self.engine.connect()))
             self._held.add(self._local.conn)
         yield
 
@@ -193,6 +193,7 @@ class SqlStore:
         """Store a group of batches (on a writer thread), then tell ``after_group``."""
         with self._writer_connection():
             self._store_group(group)
+        self.dialect.sync()  # before any batch of the group is answered
         if self.after_group is not None:
             try:
                 self.after_group(group)

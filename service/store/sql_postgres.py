@@ -63,6 +63,12 @@ class PostgresDialect:
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()  # writers meet on the pairs and rows they lock
 
+    def writer_connection(self, conn: Connection) -> Connection:
+        return conn
+
+    def sync(self) -> None:
+        pass  # a COMMIT returns once it is durable
+
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 

@@ -243,13 +243,10 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
         )
 
 
-def test_grouping_defaults_to_64_batches_on_one_writer_for_sqlite_two_for_postgres(
-    make_client: Any, db_url: str
-) -> None:
+def test_grouping_defaults_to_64_batches_on_two_writers(make_client: Any) -> None:
     app, _ = make_client()  # no ingest_group_max_batches: the database's default
     store = app.state.store
-    assert store.group_max_batches == 64
-    assert store._group._writers == (1 if db_url.startswith("sqlite") else 2)
+    assert (store.group_max_batches, store._group._writers) == (64, 2)
 
 
 def test_a_second_writer_stores_groups_while_the_first_waits_on_its_commit(
