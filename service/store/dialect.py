@@ -210,20 +210,22 @@ class SqliteDialect:
         steps_wanted = batch.steps()
         pairs = batch.pairs()
         steps_json, ranks_json = _json(steps_wanted), _json({p[1] for p in pairs})
-        steps = {r[1]: state_of_tuple(r) for r in db.execute(text.steps_of, (run_id, steps_json))}
+        steps: dict[int, StepState] = {}
+        parts: dict[CommitKey, tuple[int, bytes]] = {}
+        stored_commits: dict[CommitKey, int] = {}
+        by_pair = (run_id, steps_json, ranks_json)
+        for row in db.execute(text.stored_of, (run_id, steps_json, *by_pair, *by_pair)):
+            if row[0] == 0:
+                steps[row[2]] = state_of_tuple(row[1:])
+            elif (row[1], row[2]) not in pairs:
+                continue
+            elif row[0] == 1:
+                parts[(row[1], row[2])] = (row[3], bytes(row[4]))
+            else:
+                stored_commits[(row[1], row[2])] = row[3]
         for s in steps_wanted:
             if s not in steps:
                 steps[s] = opened(run, s, now)
-        parts = {
-            (s, r): (n, bytes(st))
-            for s, r, n, st in db.execute(text.partials_of, (run_id, steps_json, ranks_json))
-            if (s, r) in pairs
-        }
-        stored_commits = {
-            (s, r): n
-            for s, r, n in db.execute(text.commits_of, (run_id, steps_json, ranks_json))
-            if (s, r) in pairs
-        }
         known = [k for k in batch.fragments if k[:2] in parts]
         stored_keys: set[FragmentKey] = set()
         if known:

@@ -328,9 +328,7 @@ class SqliteText:
     read stays one prepared statement whatever the batch. The reads take the run id
     and JSON arrays of steps (and ranks, and seqs); the writes are :class:`RowsInsert`."""
 
-    steps_of: str  # run, steps: every column
-    partials_of: str  # run, steps, ranks: step, rank, fragments, state
-    commits_of: str  # run, steps, ranks: step, rank, fragments
+    stored_of: str  # run, steps, run, steps, ranks, run, steps, ranks: see _stored_of
     fragment_keys_of: str  # run, steps, ranks, seqs: step, rank, seq
     max_seq_of: str  # run, steps, ranks: step, rank, max(seq)
     insert_fragments: RowsInsert
@@ -342,10 +340,23 @@ class SqliteText:
 _of = f"run_id = ? AND {_in_json('step')} AND {_in_json('rank')}"
 _counters = ("committed_ranks", "expected", "received", "missing_ranks")
 
+
+def _stored_of() -> str:
+    """What a batch's probe reads, as ONE statement (the driver lets go of the GIL once
+    for it, not three times): the batch's step rows (``0``, then every column), and the
+    partial rows (``1``, step, rank, fragments, state) and commits (``2``, step, rank,
+    fragments) of its steps × ranks, each padded with nulls to the step rows' width."""
+    width = len(STEPS.c)
+    parts, commits = ", NULL" * (width - 4), ", NULL" * (width - 3)
+    return (
+        f"SELECT 0, {_names(list(STEPS.c))} FROM steps WHERE run_id = ? AND {_in_json('step')} "
+        f"UNION ALL SELECT 1, step, rank, fragments, state{parts} FROM partials WHERE {_of} "
+        f"UNION ALL SELECT 2, step, rank, fragments{commits} FROM commits WHERE {_of}"
+    )
+
+
 SQLITE = SqliteText(
-    steps_of=f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = ? AND {_in_json('step')}",
-    partials_of=f"SELECT step, rank, fragments, state FROM partials WHERE {_of}",
-    commits_of=f"SELECT step, rank, fragments FROM commits WHERE {_of}",
+    stored_of=_stored_of(),
     fragment_keys_of=f"SELECT step, rank, seq FROM fragments WHERE {_of} AND {_in_json('seq')}",
     max_seq_of=f"SELECT step, rank, max(seq) FROM fragments WHERE {_of} GROUP BY step, rank",
     insert_fragments=_rows_insert(FRAGMENTS),
