@@ -18,6 +18,21 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
 
 
+def family(pid: int) -> list[int]:
+    """``pid`` and every process below it (``serve --workers N``: the supervisor and
+    its workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            found = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        todo.extend(int(c) for c in found)
+    return out
+
+
 def peak_rss_mb(pid: int) -> float:
     """The most resident memory process ``pid`` has held since it started (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -57,6 +57,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ import numpy as np
 import orjson
 import redis
 import sqlalchemy as sa
+
+from steptally.client.wire import decode_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import procstat
@@ -85,6 +88,12 @@ class Config:
     db: str  # sqlite | postgres
     redis: bool
     replicas: int
+    workers: int = 1  # steptally serve --workers N, each replica
+
+    def with_workers(self, workers: int) -> Config:
+        if workers == 1:
+            return self
+        return Config(f"{self.name} {workers}w", self.db, self.redis, self.replicas, workers)
 
 
 CONFIGS = {
@@ -101,6 +110,7 @@ COLUMNS = [
     "store",
     "redis",
     "replicas",
+    "workers",
     "ranks",
     "steps",
     "rank_steps",
@@ -132,6 +142,7 @@ COLUMNS = [
     "floor_client_cpu_us_per_request",
     "peak_rss_mb",
     "load_avg_1m",
+    "steps_exact",
 ]
 
 
@@ -165,10 +176,14 @@ def _env(redis_prefix: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def replicas(url: str, n: int, redis_prefix: str | None, logs: Path) -> Iterator[list[Replica]]:
-    """``n`` ``steptally serve`` processes on one migrated database, each on its port."""
+def replicas(
+    url: str, n: int, redis_prefix: str | None, logs: Path, workers: int = 1
+) -> Iterator[list[Replica]]:
+    """``n`` ``steptally serve --workers workers`` processes on one migrated database,
+    each on its port."""
     exe = [sys.executable, "-m", "steptally.service.cli"]
-    serve = [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--port"]
+    serve = [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--workers"]
+    serve += [str(workers), "--port"]
     env = _env(redis_prefix)
     migrated = subprocess.run([*exe, "migrate", "--database-url", url], capture_output=True)
     if migrated.returncode != 0:
@@ -247,6 +262,7 @@ class Window:
         self.server_s = self.db_s = self.machine_s = 0.0
 
     def start(self) -> None:
+        self._servers = [p for pid in self._servers for p in procstat.family(pid)]
         self._s0 = [procstat.cpu_s(p) for p in self._servers]
         self._b0 = self._backends.cpu()
         self._m0 = procstat.machine_busy_s()
@@ -333,6 +349,41 @@ def finalise_ms(
         latency.append((first_event[s] - answered) * 1000)
         rtt.append(took * 1000)
     return latency, rtt
+
+
+def verify_exact(base: str, all_bodies: list[list[bytes]]) -> int:
+    """Every step's values against an independent reference from the bodies sent: each
+    sum the exact sum rounded once (``math.fsum``), each count the integer total, each
+    extreme the extreme, the derived mean the exact quotient rounded once; bit for bit.
+    Raises on the first value that differs; returns the number of steps checked."""
+    names = list(spec(METRICS)["metrics"])
+    kinds = spec(METRICS)["metrics"]
+    with httpx.Client(base_url=base, timeout=60) as http:
+        for step, row in enumerate(all_bodies):
+            columns: dict[str, list[float]] = {n: [] for n in names}
+            for body in row:
+                batch = decode_batch(orjson.loads(body))
+                m = len(batch.metrics)
+                for j, name in enumerate(batch.metrics):
+                    columns[name].extend(batch.values[j::m])
+            want: dict[str, float] = {}
+            for name, values in columns.items():
+                kind = kinds[name]
+                if kind == "sum":
+                    want[name] = math.fsum(values)
+                elif kind == "count":
+                    want[name] = float(sum(int(v) for v in values))
+                else:
+                    want[name] = min(values) if kind == "min" else max(values)
+            exact = sum(map(Fraction, columns["m00"]), Fraction(0))
+            want["mean0"] = float(exact / int(want["m28"]))
+            got = http.get(f"/v1/runs/{RUN}/steps/{step}").json()["metrics"]
+            for name, value in want.items():
+                if got[name]["value"] != value:
+                    raise RuntimeError(
+                        f"step {step} {name}: served {got[name]['value']!r}, exact {value!r}"
+                    )
+    return len(all_bodies)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -509,7 +560,7 @@ def measure(
     with (
         tempfile.TemporaryDirectory() as logs,
         database(config.db) as url,
-        replicas(url, config.replicas, prefix, Path(logs)) as servers,
+        replicas(url, config.replicas, prefix, Path(logs), config.workers) as servers,
     ):
         backends = Backends(url)
         try:
@@ -538,7 +589,8 @@ def measure(
             floor = blast(floor_jobs(jobs), on_start=floor_window.start)
             floor_window.stop()
             assert not floor.errors, floor.errors[:3]
-            rss = max(procstat.peak_rss_mb(s.proc.pid) for s in servers)
+            rss = max(procstat.peak_rss_mb(p) for s in servers for p in procstat.family(s.proc.pid))
+            exact = verify_exact(base, all_bodies)
         finally:
             backends.close()
             if prefix is not None:
@@ -552,6 +604,7 @@ def measure(
         "store": config.db,
         "redis": int(config.redis),
         "replicas": config.replicas,
+        "workers": config.workers,
         "ranks": ranks,
         "steps": steps,
         "rank_steps": done,
@@ -590,6 +643,7 @@ def measure(
         "floor_client_cpu_us_per_request": 1e6 * floor.cpu_s / floor.done,
         "peak_rss_mb": rss,
         "load_avg_1m": load,
+        "steps_exact": exact,
     }
 
 
@@ -697,6 +751,9 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", type=int, default=1024, help="rank-steps per row at least (more steps)"
     )
     p.add_argument("--min-steps", type=int, default=6, help="steps per row at least")
+    p.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="steptally serve --workers, each"
+    )
     p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
     p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
     p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
@@ -714,15 +771,16 @@ def main(argv: list[str] | None = None) -> None:
         pgw = pushgateway_rate(ranks, args)
         log(f"{'Pushgateway':>17} {ranks:>5} ranks: {pgw:7.1f} rank-steps/s")
         for name in args.configs:
-            vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
-            log(
-                f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm[0]:7.1f} rank-steps/s "
-                f"({vm[0] / vm[1]:.2f} of its HTTP floor)"
-            )
-            row = measure(CONFIGS[name], ranks, steps, pgw, vm, args)
-            rows.append(row)
-            progress(row)
-            write_csv(rows, args.out / f"{stem}.csv")
+            for workers in args.workers:
+                vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
+                log(
+                    f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm[0]:7.1f} rank-steps/s "
+                    f"({vm[0] / vm[1]:.2f} of its HTTP floor)"
+                )
+                row = measure(CONFIGS[name].with_workers(workers), ranks, steps, pgw, vm, args)
+                rows.append(row)
+                progress(row)
+                write_csv(rows, args.out / f"{stem}.csv")
     plot(rows, args.out / f"{stem}.png")
     print(markdown(rows))
     log(f"wrote {args.out / stem}.csv and .png in {time.monotonic() - t0:.0f} s")
