@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, select
 
 from steptally.service.coordination.progress import OpenCommit, run_key
-from steptally.service.domain.packing import Cell
+from steptally.service.domain.packing import Cell, unbundled
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.engine import transaction
 from steptally.service.store.sql_run import RUNS
 from steptally.service.store.sql_statement import COMMITS, FRAGMENTS, STEPS
-from steptally.service.store.sql_step import load_live
+from steptally.service.store.sql_step import FRAGMENT_CELLS, load_live
 
 
 @dataclass(slots=True)
@@ -63,7 +63,7 @@ def open_live(
     if not steps:
         return out
     s, f = STEPS.c, FRAGMENTS.c
-    fragments = select(f.step, f.rank, f.values_f64, f.present, f.tails).where(
+    fragments = select(f.step, f.rank, *FRAGMENT_CELLS).where(
         f.run_id == run.id, f.step.in_(steps)
     )
     with transaction(engine, write=False) as conn:
@@ -75,10 +75,11 @@ def open_live(
             )
             for step, committed, expected in rows:
                 out[step].counters = (committed, expected)
-        for step, rank, values, present, tails in conn.execute(fragments):
+        for step, rank, *row in conn.execute(fragments):
             live = out[step]
-            live.cells.append((values, present, tails))
-            live.received[rank] += 1
+            cells = unbundled(*row)
+            live.cells.extend(cell for _, cell in cells)
+            live.received[rank] += len(cells)
     return out
 
 

@@ -97,3 +97,41 @@ def columns(
             keep = guard_keep if keep is None else bytes(map(min, keep, guard_keep))
         out.append(flat[j::width] if keep is None else list(compress(flat[j::width], keep)))
     return out
+
+
+# -- bundles: several fragments of one (step, rank) in one stored row -------------------
+
+_SEQ = struct.Struct("<q")
+
+
+def bundled(cells: Sequence[tuple[int, Cell]]) -> tuple[int, bytes, bytes] | None:
+    """One stored row for the fragments ``cells`` (``(seq, cell)`` of one (step, rank)):
+    ``(key seq, values, seqs)`` — the row is keyed by the highest seq, ``values`` holds
+    each fragment's blob in seq order, ``seqs`` their seqs as little-endian int64 — when
+    there are two or more and every one is a full row (no mask, no tails) of one width;
+    else None (each is stored as a row of its own)."""
+    if len(cells) < 2:
+        return None
+    ordered = sorted(cells, key=lambda c: c[0])
+    width = len(ordered[0][1][0])
+    if any(p is not None or t is not None or len(v) != width for _, (v, p, t) in ordered):
+        return None
+    seqs = b"".join(_SEQ.pack(q) for q, _ in ordered)
+    return ordered[-1][0], b"".join(v for _, (v, _, _) in ordered), seqs
+
+
+def unbundled(
+    seq: int, values: bytes, present: bytes | None, tails: bytes | None, seqs: bytes | None
+) -> list[tuple[int, Cell]]:
+    """The fragments ``(seq, cell)`` of one stored row (a bundle, or a single fragment)."""
+    if seqs is None:
+        return [(seq, (values, present, tails))]
+    n = len(seqs) // _SEQ.size
+    width = len(values) // n
+    return [
+        (
+            _SEQ.unpack_from(seqs, _SEQ.size * i)[0],
+            (values[width * i : width * (i + 1)], None, None),
+        )
+        for i in range(n)
+    ]

@@ -103,6 +103,32 @@ class Probe:
     partials: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
 
 
+def probe_from(
+    run: RunRecord,
+    batch: PreparedBatch,
+    now: float,
+    steps: dict[int, StepState],
+    stored: set[FragmentKey],
+    commits: Mapping[CommitKey, int],
+    partials: dict[CommitKey, tuple[int, bytes]],
+) -> Probe:
+    """The :class:`Probe` of ``batch`` from what a store read while it held the batch's
+    pairs: the stored rows of its ``steps`` (a step not among them is new at ``now``),
+    the stored fragment keys and commits of its pairs, and their partial rows."""
+    for s in batch.steps():
+        if s not in steps:
+            steps[s] = opened(run, s, now)
+    new_frags = [k for k in batch.fragments if k not in stored]
+    new_commits = [k for k in batch.commits if k not in commits]
+    declared = {**commits, **{k: batch.commits[k] for k in new_commits}}
+    fresh = set(new_commits)
+    top_seq: dict[CommitKey, int] = {}
+    for s, r, q in (*stored, *batch.fragments):
+        if (s, r) in fresh and q > top_seq.get((s, r), -1):
+            top_seq[(s, r)] = q
+    return Probe(steps, new_frags, new_commits, declared, top_seq, partials)
+
+
 def duplicates(batch: PreparedBatch, probe: Probe) -> set[FragmentKey]:
     """The batch's fragments that were stored before (empty when every one is new)."""
     if len(probe.new_frags) == len(batch.fragments):

@@ -43,12 +43,18 @@ from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.dialects import sqlite
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.packing import unbundled
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import Delta, Probe, StepState, opened
+from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
 from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_statement import SQLITE, RowsInsert, Statements, core
-from steptally.service.store.sql_step import PartialRow, state_of_tuple, step_tuple
+from steptally.service.store.sql_step import (
+    PartialRow,
+    fragment_rows,
+    state_of_tuple,
+    step_tuple,
+)
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
 
@@ -200,9 +206,8 @@ class SqliteDialect:
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """The stored steps, partial rows and commits of the batch's pairs; the stored
-        keys of its fragments where a pair has any (a pair without a partial row has
-        no fragment stored)."""
+        """The stored steps, partial rows and commits of the batch's pairs (one
+        statement), then the stored fragment keys of the pairs that have any."""
         db = _driver(conn)
         if savepoint is not None:
             db.execute(f"SAVEPOINT {savepoint}")
@@ -223,20 +228,13 @@ class SqliteDialect:
                 parts[(row[1], row[2])] = (row[3], bytes(row[4]))
             else:
                 stored_commits[(row[1], row[2])] = row[3]
-        for s in steps_wanted:
-            if s not in steps:
-                steps[s] = opened(run, s, now)
-        known = [k for k in batch.fragments if k[:2] in parts]
-        stored_keys: set[FragmentKey] = set()
-        if known:
-            params = (run_id, _json({k[0] for k in known}), _json({k[1] for k in known}))
-            rows = db.execute(text.fragment_keys_of, (*params, _json({k[2] for k in known})))
-            stored_keys = {tuple(r) for r in rows} & set(known)
-        new_frags = [k for k in batch.fragments if k not in stored_keys]
-        new_commits = [k for k in batch.commits if k not in stored_commits]
-        declared = {**stored_commits, **{k: batch.commits[k] for k in new_commits}}
-        top_seq = _top_seq(db, run_id, batch, new_commits, parts)
-        return Probe(steps, new_frags, new_commits, declared, top_seq, parts)
+        stored: set[FragmentKey] = set()
+        if parts:  # a pair without a partial row has no fragment stored
+            params = (run_id, _json({p[0] for p in parts}), _json({p[1] for p in parts}))
+            for st, r, key, seqs in db.execute(text.fragment_keys_of, params):
+                if (st, r) in parts:
+                    stored.update((st, r, q) for q, _ in unbundled(key, b"", None, None, seqs))
+        return probe_from(run, batch, now, steps, stored, stored_commits, parts)
 
     def apply(
         self,
@@ -253,8 +251,8 @@ class SqliteDialect:
         with its counters as the probe read them plus ``added`` (one writer: they are
         current)."""
         db, run_id, text = _driver(conn), run.id, SQLITE
-        cells, commits = batch.fragments, batch.commits
-        _insert(db, text.insert_fragments, [(run_id, *k, *cells[k]) for k in found.new_frags])
+        commits = batch.commits
+        _insert(db, text.insert_fragments, fragment_rows(run_id, batch, found.new_frags))
         _insert(db, text.insert_commits, [(run_id, *k, commits[k]) for k in found.new_commits])
         _insert(db, text.upsert_partials, [(run_id, *row) for row in partials])
         changed = [found.steps[s] for s in sorted(added)]
@@ -290,30 +288,6 @@ def _insert(db: Any, stmt: RowsInsert, rows: Sequence[tuple[Any, ...]]) -> None:
 
 def _json(numbers: Iterable[int]) -> str:
     return "[" + ",".join(map(str, sorted(numbers))) + "]"
-
-
-def _top_seq(
-    db: Any,
-    run_id: int,
-    batch: PreparedBatch,
-    new_commits: Sequence[CommitKey],
-    parts: Mapping[CommitKey, Any],
-) -> dict[CommitKey, int]:
-    """The highest ``seq`` of each newly committing pair, stored or in this batch."""
-    if not new_commits:
-        return {}
-    fresh = set(new_commits)
-    top: dict[CommitKey, int] = {}
-    for s, r, q in batch.fragments:
-        if (s, r) in fresh and q > top.get((s, r), -1):
-            top[(s, r)] = q
-    stored = [k for k in new_commits if k in parts]
-    if stored:
-        params = (run_id, _json({k[0] for k in stored}), _json({k[1] for k in stored}))
-        for s, r, q in db.execute(SQLITE.max_seq_of, params):
-            if (s, r) in fresh and q > top.get((s, r), -1):
-                top[(s, r)] = q
-    return top
 
 
 def dialect_for(engine: Engine) -> Dialect:

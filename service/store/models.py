@@ -3,6 +3,7 @@
 Timestamps are Unix seconds (float64), identical on SQLite and PostgreSQL. A
 fragment is one row: its values are one blob of little-endian float64 over the
 run's metric columns (``metrics.col``), see :mod:`steptally.service.domain.packing`.
+Several fragments of one (step, rank) that arrive together are one row (a bundle).
 A finalised step's values are also kept one row per metric (``step_values``), for
 series and for SQL readers such as Grafana. The fragments of each (step, rank) are
 also kept combined, exactly, as one ``partials`` row, which a finalisation reads.
@@ -135,6 +136,12 @@ class Commit(Base):
 
 
 class Fragment(Base):
+    """Fragments as they arrived: a row is one fragment (``seqs`` null) or a *bundle* of
+    several full-width fragments of one (step, rank) that one batch brought (``seqs``:
+    their seqs as little-endian int64, ascending; ``values_f64``: their blobs in that
+    order; keyed by the highest), so that a reporter's body is one row, not one per
+    microbatch (:func:`steptally.service.domain.packing.bundled`)."""
+
     __tablename__ = "fragments"
 
     run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"), primary_key=True)
@@ -144,6 +151,7 @@ class Fragment(Base):
     values_f64: Mapped[bytes] = mapped_column(LargeBinary)
     present: Mapped[bytes | None] = mapped_column(LargeBinary)
     tails: Mapped[bytes | None] = mapped_column(LargeBinary)  # exact sums' further terms
+    seqs: Mapped[bytes | None] = mapped_column(LargeBinary)  # a bundle's seqs
 
 
 class Partial(Base):

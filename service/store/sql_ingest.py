@@ -36,7 +36,7 @@ from sqlalchemy import Connection
 from steptally.service.domain import partial
 from steptally.service.domain import step as rules
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch, merge
-from steptally.service.domain.packing import Cell
+from steptally.service.domain.packing import Cell, unbundled
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState
 from steptally.service.store.dialect import Dialect
@@ -237,10 +237,13 @@ def _stored_fragments(
     conn: Connection, sql: Statements, run: RunRecord, keys: set[FragmentKey]
 ) -> Iterator[rules.StoredFragment]:
     """The stored rows of (at least) the fragments ``keys``."""
-    for s, r, q, values, present, tails in conn.execute(
+    for s, r, key, values, present, tails, seqs in conn.execute(
         sql.fragments_of, keys_params(run.id, keys)
     ):
-        yield s, r, q, bytes(values), _bytes(present), _bytes(tails)
+        for q, (v, p, t) in unbundled(
+            key, bytes(values), _bytes(present), _bytes(tails), _bytes(seqs)
+        ):
+            yield s, r, q, v, p, t
 
 
 def _bytes(b: bytes | None) -> bytes | None:

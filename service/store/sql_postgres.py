@@ -37,11 +37,12 @@ from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
 
 from steptally.service.domain.batch import CommitKey, PreparedBatch
+from steptally.service.domain.packing import unbundled
 from steptally.service.domain.run import RunRecord
-from steptally.service.domain.step import Delta, Probe, StepState, opened
+from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
 from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
-from steptally.service.store.sql_step import PartialRow, new_row, state_of
+from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
 #: ``COPY`` into a session table, then one ``INSERT ... SELECT``) rather than sent as
@@ -80,52 +81,36 @@ class PostgresDialect:
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """Lock the batch's pairs, read its steps, insert its fragments and commits, and
-        read back the commits, top sequence numbers and partial rows of its pairs: one
-        round trip. With ``savepoint``, the pipeline opens that savepoint first."""
+        """Lock the batch's pairs, then read its steps and its pairs' commits, fragment
+        keys and partial rows: one round trip. With ``savepoint``, the pipeline opens
+        that savepoint first."""
         driver = conn.connection.driver_connection
         assert driver is not None
         pairs = batch.pairs()
-        copied = len(batch.fragments) >= COPY_MIN_ROWS
-        if copied:  # inside the savepoint, so that its rollback takes the copied rows too
-            if savepoint is not None:
-                driver.execute(f"SAVEPOINT {savepoint}")
-                savepoint = None
-            _copy_fragments(driver, run, batch)
-        frag_params = _fragment_params(run, batch) if batch.fragments and not copied else None
-        commit_params = _commit_params(run, batch) if batch.commits else None
         pair_params = pairs_params(run.id, pairs)
-        top_params = pairs_params(run.id, batch.commits) if batch.commits else None
         read = driver.cursor(row_factory=namedtuple_row)
-        frags, commits, declared, tops, parts = (driver.cursor() for _ in range(5))
+        commits, keys, parts = (driver.cursor() for _ in range(3))
         with driver.pipeline():
             if savepoint is not None:
                 driver.execute(f"SAVEPOINT {savepoint}")
             driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
             read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()})
-            if frag_params is not None:
-                frags.execute(PIPELINE.insert_fragments, frag_params)
-            elif copied:
-                frags.execute(PIPELINE.insert_copied)
-                driver.execute(PIPELINE.clear_copied)
-            if commit_params is not None:
-                commits.execute(PIPELINE.insert_commits, commit_params)
-            declared.execute(PIPELINE.commits_of, pair_params)
-            if top_params is not None:
-                tops.execute(PIPELINE.max_seq_of, top_params)
+            commits.execute(PIPELINE.commits_of, pair_params)
+            keys.execute(PIPELINE.fragment_keys_of, pair_params)
             parts.execute(PIPELINE.partials_of, pair_params)
-        steps = {r.step: state_of(r) for r in read.fetchall()}
-        for s in batch.steps():
-            steps.setdefault(s, opened(run, s, now))
-        return Probe(
-            steps=steps,
-            new_frags=_keys(frags, batch.fragments),
-            new_commits=_keys(commits, batch.commits),
-            declared={(s, r): n for s, r, n in declared.fetchall() if (s, r) in pairs},
-            top_seq=_tops(tops, batch.commits),
-            partials={
-                (s, r): (n, bytes(st)) for s, r, n, st in parts.fetchall() if (s, r) in pairs
-            },
+        stored = {
+            (s, r, q)
+            for s, r, key, seqs in keys.fetchall()
+            for q, _ in unbundled(key, b"", None, None, seqs and bytes(seqs))
+        }
+        return probe_from(
+            run,
+            batch,
+            now,
+            {r.step: state_of(r) for r in read.fetchall()},
+            stored,
+            {(s, r): n for s, r, n in commits.fetchall()},
+            {(s, r): (n, bytes(st)) for s, r, n, st in parts.fetchall()},
         )
 
     def apply(
@@ -139,13 +124,23 @@ class PostgresDialect:
         now: float,
         alone: bool,
     ) -> list[StepState]:
-        """Write the partial rows, add to the steps' counters (creating new steps) and,
-        ``alone``, commit: one round trip, the steps' rows locked from the statement that
-        adds to them to the commit."""
+        """Insert the new fragments and commits, write the partial rows, add to the
+        steps' counters (creating new steps) and, ``alone``, commit: one round trip (and a
+        ``COPY`` before it for a large batch), the steps' rows locked from the statement
+        that adds to them to the commit."""
         driver = conn.connection.driver_connection
         assert driver is not None
+        rows = fragment_rows(run.id, batch, found.new_frags)
+        copied = len(rows) >= COPY_MIN_ROWS
+        if copied:
+            _copy_fragments(driver, rows)
         steps = driver.cursor(row_factory=namedtuple_row)
         with driver.pipeline():
+            if rows and not copied:
+                driver.execute(PIPELINE.insert_fragments, _fragment_params(run.id, rows))
+            if found.new_commits:
+                params = _commit_params(run.id, batch, found.new_commits)
+                driver.execute(PIPELINE.insert_commits, params)
             if partials:
                 driver.execute(PIPELINE.upsert_partials, _partial_params(run.id, partials))
             if added:
@@ -195,20 +190,12 @@ def _added_params(run: RunRecord, added: Mapping[int, Delta], now: float) -> dic
     return out
 
 
-def _copy_fragments(driver: Any, run: RunRecord, batch: PreparedBatch) -> None:
-    """A large batch's fragments into the session's copy table, by binary ``COPY``."""
-    driver.execute(PIPELINE.copy_table)
+def _copy_fragments(driver: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """A large batch's fragments rows, by binary ``COPY``."""
     with driver.cursor().copy(PIPELINE.copy_fragments) as copy:
         copy.set_types([t.lower() for t in PIPELINE.copy_types])
-        for (s, r, q), (values, present, tails) in batch.fragments.items():
-            copy.write_row((run.id, s, r, q, values, present, tails))
-
-
-def _partials(cursor: Any, batch: PreparedBatch) -> dict[CommitKey, tuple[int, bytes]]:
-    if not batch.fragments:
-        return {}
-    pairs = {k[:2] for k in batch.fragments}
-    return {(s, r): (n, bytes(st)) for s, r, n, st in cursor.fetchall() if (s, r) in pairs}
+        for row in rows:
+            copy.write_row(row)
 
 
 def _partial_params(run_id: int, rows: Sequence[PartialRow]) -> dict[str, Any]:
@@ -221,34 +208,18 @@ def _partial_params(run_id: int, rows: Sequence[PartialRow]) -> dict[str, Any]:
     }
 
 
-def _keys(cursor: Any, wanted: Any) -> list[Any]:
-    return [tuple(k) for k in cursor.fetchall()] if wanted else []
+def _fragment_params(run_id: int, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    """:func:`~.sql_step.fragment_rows` as one array per column."""
+    names = ("step", "rank", "seq", "values_f64", "present", "tails", "seqs")
+    out: dict[str, Any] = {name: [row[i + 1] for row in rows] for i, name in enumerate(names)}
+    out["run_id"] = run_id
+    return out
 
 
-def _tops(cursor: Any, commits: dict[CommitKey, int]) -> dict[CommitKey, int]:
-    if not commits:
-        return {}
-    return {(s, r): top for s, r, top in cursor.fetchall() if top is not None}
-
-
-def _fragment_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:
-    keys = list(batch.fragments)
-    cells = batch.fragments.values()
+def _commit_params(run_id: int, batch: PreparedBatch, new: Sequence[CommitKey]) -> dict[str, Any]:
     return {
-        "run_id": run.id,
-        "step": [k[0] for k in keys],
-        "rank": [k[1] for k in keys],
-        "seq": [k[2] for k in keys],
-        "values_f64": [v for v, _, _ in cells],
-        "present": [p for _, p, _ in cells],
-        "tails": [t for _, _, t in cells],
-    }
-
-
-def _commit_params(run: RunRecord, batch: PreparedBatch) -> dict[str, Any]:
-    return {
-        "run_id": run.id,
-        "step": [k[0] for k in batch.commits],
-        "rank": [k[1] for k in batch.commits],
-        "fragments": list(batch.commits.values()),
+        "run_id": run_id,
+        "step": [k[0] for k in new],
+        "rank": [k[1] for k in new],
+        "fragments": [batch.commits[k] for k in new],
     }

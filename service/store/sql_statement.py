@@ -45,7 +45,7 @@ class Statements:
     update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
     commits_of: Any  # (step, rank, fragments) for :run, :steps, :ranks
     max_seq_of: Any  # (step, rank, max seq) for :run, :steps, :ranks
-    fragments_of: Any  # (step, rank, seq, values, present, tails) for :run, :steps, :ranks
+    fragments_of: Any  # (step, rank, seq, values, present, tails, seqs): :run, :steps, :ranks
     upsert_values: Any  # step_values rows, replacing a step's earlier values
     insert_partials: Any  # partials rows; returns (step, rank) of those that were new
     partials_of: Any  # (step, rank, fragments, state) for :run, :steps, :ranks
@@ -84,7 +84,7 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         max_seq_of=select(f.step, f.rank, func.max(f.seq))
         .where(*_where(FRAGMENTS))
         .group_by(f.step, f.rank),
-        fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails).where(
+        fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails, f.seqs).where(
             *_where(FRAGMENTS)
         ),
         upsert_values=values.on_conflict_do_update(
@@ -144,15 +144,15 @@ def _names(columns: Sequence[Column[Any]]) -> str:
     return ", ".join(c.name for c in columns)
 
 
-def _unnest_insert(table: Table, conflict: str, returning: Sequence[str] = ()) -> str:
+def _unnest_insert(table: Table, conflict: str = "", returning: Sequence[str] = ()) -> str:
     """``INSERT`` of many rows of one run: ``%(run_id)s`` once, every other column an
     array parameter named after it."""
     rest = [c for c in table.c if c.name != "run_id"]
     text = (
         f"INSERT INTO {table.name} ({_names(list(table.c))}) "
-        f"SELECT {_param(table.c.run_id)}, * FROM unnest({', '.join(map(_array, rest))}) "
-        f"ON CONFLICT {conflict}"
+        f"SELECT {_param(table.c.run_id)}, * FROM unnest({', '.join(map(_array, rest))})"
     )
+    text += f" ON CONFLICT {conflict}" if conflict else ""
     return text + (f" RETURNING {', '.join(returning)}" if returning else "")
 
 
@@ -229,21 +229,17 @@ class PipelineText:
     lock_pairs: str  # %(keys)s: the pairs' lock keys (:func:`pair_lock_key`), sorted
     steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
-    insert_fragments: str  # %(run_id)s and an array per fragments column
-    insert_commits: str  # %(run_id)s and an array per commits column
+    insert_fragments: str  # %(run_id)s and an array per fragments column (new rows only)
+    insert_commits: str  # %(run_id)s and an array per commits column (new rows only)
     commits_of: str  # pairs_params: (step, rank, fragments)
-    max_seq_of: str  # pairs_params: (step, rank, highest seq or null)
+    fragment_keys_of: str  # pairs_params: (step, rank, seq, seqs) of each row
     upsert_values: str  # %(run_id)s and an array per step_values column
-    copy_table: str  # creates (once per transaction) the table a large batch is copied to
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
-    insert_copied: str  # the copied rows into fragments, RETURNING the new keys
-    clear_copied: str
     partials_of: str  # pairs_params: (step, rank, fragments, state)
     upsert_partials: str  # %(run_id)s and an array per partials column
 
 
-_COPIED = "steptally_fragments_in"
 _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
 _value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
 
@@ -254,28 +250,18 @@ PIPELINE = PipelineText(
         f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
     ),
     add_to_steps=_add_to_steps(),
-    insert_fragments=_unnest_insert(FRAGMENTS, "DO NOTHING", ("step", "rank", "seq")),
-    insert_commits=_unnest_insert(COMMITS, "DO NOTHING", ("step", "rank")),
+    insert_fragments=_unnest_insert(FRAGMENTS),
+    insert_commits=_unnest_insert(COMMITS),
     commits_of=_of_pairs(COMMITS, "fragments"),
-    max_seq_of=(
-        "SELECT p.step, p.rank, (SELECT f.seq FROM fragments AS f "
-        f"WHERE f.run_id = {_param(FRAGMENTS.c.run_id, 'run')} AND f.step = p.step "
-        f"AND f.rank = p.rank ORDER BY f.seq DESC LIMIT 1) FROM {_PAIRS}"
-    ),
+    fragment_keys_of=_of_pairs(FRAGMENTS, "seq, seqs"),
     upsert_values=_unnest_insert(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
-    copy_table=(
-        f"CREATE TEMP TABLE IF NOT EXISTS {_COPIED} (LIKE {FRAGMENTS.name}) ON COMMIT DELETE ROWS"
+    copy_fragments=(
+        f"COPY {FRAGMENTS.name} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)"
     ),
-    copy_fragments=f"COPY {_COPIED} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)",
     copy_types=tuple(_type(c) for c in FRAGMENTS.c),
-    insert_copied=(
-        f"INSERT INTO {FRAGMENTS.name} SELECT * FROM {_COPIED} ON CONFLICT DO NOTHING "
-        "RETURNING step, rank, seq"
-    ),
-    clear_copied=f"DELETE FROM {_COPIED}",
     partials_of=_of_pairs(PARTIALS, "fragments, state"),
     upsert_partials=_unnest_insert(
         PARTIALS,
@@ -329,8 +315,7 @@ class SqliteText:
     and JSON arrays of steps (and ranks, and seqs); the writes are :class:`RowsInsert`."""
 
     stored_of: str  # run, steps, run, steps, ranks, run, steps, ranks: see _stored_of
-    fragment_keys_of: str  # run, steps, ranks, seqs: step, rank, seq
-    max_seq_of: str  # run, steps, ranks: step, rank, max(seq)
+    fragment_keys_of: str  # run, steps, ranks: step, rank, seq, seqs
     insert_fragments: RowsInsert
     insert_commits: RowsInsert
     upsert_partials: RowsInsert
@@ -357,8 +342,7 @@ def _stored_of() -> str:
 
 SQLITE = SqliteText(
     stored_of=_stored_of(),
-    fragment_keys_of=f"SELECT step, rank, seq FROM fragments WHERE {_of} AND {_in_json('seq')}",
-    max_seq_of=f"SELECT step, rank, max(seq) FROM fragments WHERE {_of} GROUP BY step, rank",
+    fragment_keys_of=f"SELECT step, rank, seq, seqs FROM fragments WHERE {_of}",
     insert_fragments=_rows_insert(FRAGMENTS),
     insert_commits=_rows_insert(COMMITS),
     upsert_partials=_rows_insert(

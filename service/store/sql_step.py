@@ -30,8 +30,9 @@ from sqlalchemy import Connection, Select, select, union_all
 from steptally.client.algebra.alerts import History
 from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
+from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.finalise import Contributions, StoredValue, ValueState
-from steptally.service.domain.packing import Cell
+from steptally.service.domain.packing import Cell, bundled, unbundled
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import StepState, opened
@@ -169,14 +170,47 @@ def load_live(conn: Connection, run: RunRecord, step: int) -> tuple[Progress, li
         )
     ).all()
     cols = FRAGMENTS.c
-    frags = conn.execute(
-        select(cols.rank, cols.values_f64, cols.present, cols.tails).where(
-            cols.run_id == run.id, cols.step == step
-        )
+    rows = conn.execute(
+        select(cols.rank, *FRAGMENT_CELLS).where(cols.run_id == run.id, cols.step == step)
     ).all()
-    received = Counter(f.rank for f in frags)
+    received: Counter[int] = Counter()
+    cells: list[Cell] = []
+    for rank, *row in rows:
+        mine = unbundled(*row)
+        received[rank] += len(mine)
+        cells.extend(cell for _, cell in mine)
     progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
-    return progress, [(f.values_f64, f.present, f.tails) for f in frags]
+    return progress, cells
+
+
+#: what a stored fragments row holds of its fragments: for packing.unbundled
+FRAGMENT_CELLS = (
+    FRAGMENTS.c.seq,
+    FRAGMENTS.c.values_f64,
+    FRAGMENTS.c.present,
+    FRAGMENTS.c.tails,
+    FRAGMENTS.c.seqs,
+)
+
+
+def fragment_rows(
+    run_id: int, batch: PreparedBatch, new_frags: Sequence[FragmentKey]
+) -> list[tuple[Any, ...]]:
+    """The fragments rows to store for the new fragments of ``batch``: per (step, rank),
+    one bundle where they allow it (:func:`~steptally.service.domain.packing.bundled`),
+    else a row each; every column in table order."""
+    pairs: dict[CommitKey, list[tuple[int, Cell]]] = {}
+    for s, r, q in new_frags:
+        pairs.setdefault((s, r), []).append((q, batch.fragments[(s, r, q)]))
+    out: list[tuple[Any, ...]] = []
+    for (s, r), cells in pairs.items():
+        bundle = bundled(cells)
+        if bundle is None:
+            out.extend((run_id, s, r, q, v, p, t, None) for q, (v, p, t) in cells)
+        else:
+            key, values, seqs = bundle
+            out.append((run_id, s, r, key, values, None, None, seqs))
+    return out
 
 
 def load_partials(

@@ -1,6 +1,6 @@
 """PostgreSQL's ingest reads look each (step, rank) pair up by its key, whatever the
 table holds: a plan that read whole tables made every batch cost more as a run grew
-(the highest-seq read took 0.8 ms a batch at 2,000 rank-steps, bench/README.md)."""
+(a read of the highest seq took 0.8 ms a batch at 2,000 rank-steps, bench/README.md)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def conn(postgres_url: str) -> Iterator[psycopg.Connection]:
         c.rollback()
 
 
-@pytest.mark.parametrize("name", ["commits_of", "max_seq_of", "partials_of"])
+@pytest.mark.parametrize("name", ["commits_of", "fragment_keys_of", "partials_of"])
 def test_each_pair_is_one_key_lookup_in_the_generic_plan(
     conn: psycopg.Connection, name: str
 ) -> None:

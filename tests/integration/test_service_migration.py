@@ -73,11 +73,14 @@ def test_fragments_stored_before_partial_rows_gain_rows_and_stay_exact(db_url: s
         }
         return prepare(run, decode_batch(body), columnar=False)
 
-    store.ingest(run, batch([(0, 0, 0, 1e17), (0, 0, 1, 3.0), (0, 1, 0, -1e17)], [(0, 0, 2)]), 1.0)
+    for i, frag in enumerate([(0, 0, 0, 1e17), (0, 0, 1, 3.0), (0, 1, 0, -1e17)]):
+        store.ingest(run, batch([frag], []), 1.0 + i)  # one row each: no bundle
+    store.ingest(run, batch([], [(0, 0, 2)]), 1.5)
     store.close()
     engine = sa.create_engine(db_url)
     with engine.begin() as conn:  # as a database written before revision 0006 holds it
         conn.exec_driver_sql("DELETE FROM partials")
+        conn.exec_driver_sql("ALTER TABLE fragments DROP COLUMN seqs")  # revision 0009's
         conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0007'")
     upgrade(db_url)
     with engine.connect() as conn:

@@ -38,3 +38,21 @@ def test_tails_blob_is_canonical_and_reads_back_per_column() -> None:
         [],
         [2.0**-60, 2.0**-120, -(2.0**-70)],
     ]
+
+
+def test_fragments_that_arrive_together_are_one_row_keyed_by_their_highest_seq() -> None:
+    cells = [(q, (struct.pack("<2d", q, -q), None, None)) for q in (5, 2, 3)]
+    key, values, seqs = packing.bundled(cells) or (0, b"", b"")
+    assert key == 5 and seqs == struct.pack("<3q", 2, 3, 5)
+    assert values == struct.pack("<6d", 2, -2, 3, -3, 5, -5)
+    assert packing.unbundled(key, values, None, None, seqs) == sorted(cells)
+
+
+def test_a_lone_fragment_or_one_with_a_mask_or_tails_is_a_row_of_its_own() -> None:
+    full = (struct.pack("<2d", 1.0, 2.0), None, None)
+    assert packing.bundled([(0, full)]) is None
+    assert packing.bundled([(0, full), (1, packing.pack([1.0, 2.0], b"\x01\x00"))]) is None
+    tailed = packing.pack([1.0, 2.0], b"\x01\x01", {0: [2.0**-60]})
+    assert packing.bundled([(0, full), (1, tailed)]) is None
+    assert packing.bundled([(0, full), (1, (struct.pack("<d", 1.0), None, None))]) is None
+    assert packing.unbundled(7, *full, None) == [(7, full)]

@@ -54,11 +54,11 @@ def test_pair_lock_keys_are_signed_64_bit_and_the_same_in_every_process() -> Non
 
 def test_fragments_are_inserted_from_one_array_per_column() -> None:
     assert PIPELINE.insert_fragments == (
-        "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, tails) "
+        "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, tails, seqs) "
         "SELECT %(run_id)b::INTEGER, * FROM unnest(%(step)b::BIGINT[], %(rank)b::INTEGER[], "
         "%(seq)b::BIGINT[], %(values_f64)b::BYTEA[], %(present)b::BYTEA[], "
-        "%(tails)b::BYTEA[]) ON CONFLICT DO NOTHING RETURNING step, rank, seq"
-    )
+        "%(tails)b::BYTEA[], %(seqs)b::BYTEA[])"
+    )  # new rows only: the batch holds its pairs, and the probe read what is stored
     assert PIPELINE.upsert_values == (
         "INSERT INTO step_values (run_id, col, step, value, state) "
         "SELECT %(run_id)b::INTEGER, * FROM unnest(%(col)b::INTEGER[], %(step)b::BIGINT[], "
