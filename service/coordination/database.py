@@ -63,9 +63,7 @@ def open_live(
     if not steps:
         return out
     s, f = STEPS.c, FRAGMENTS.c
-    fragments = select(f.step, f.rank, *FRAGMENT_CELLS).where(
-        f.run_id == run.id, f.step.in_(steps)
-    )
+    fragments = select(f.step, f.rank, *FRAGMENT_CELLS).where(f.run_id == run.id, f.step.in_(steps))
     with transaction(engine, write=False) as conn:
         if counters:
             rows = conn.execute(

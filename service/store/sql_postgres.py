@@ -81,37 +81,32 @@ class PostgresDialect:
         now: float,
         savepoint: str | None,
     ) -> Probe:
-        """Lock the batch's pairs, then read its steps and its pairs' commits, fragment
-        keys and partial rows: one round trip. With ``savepoint``, the pipeline opens
-        that savepoint first."""
+        """Lock the batch's pairs, then read its steps and, in one statement, its pairs'
+        commits, partial rows and fragment keys: one round trip. With ``savepoint``, the
+        pipeline opens that savepoint first."""
         driver = conn.connection.driver_connection
         assert driver is not None
         pairs = batch.pairs()
         pair_params = pairs_params(run.id, pairs)
-        read = driver.cursor(row_factory=namedtuple_row)
-        commits, keys, parts = (driver.cursor() for _ in range(3))
+        read, found = driver.cursor(row_factory=namedtuple_row), driver.cursor()
         with driver.pipeline():
             if savepoint is not None:
                 driver.execute(f"SAVEPOINT {savepoint}")
             driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
             read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()})
-            commits.execute(PIPELINE.commits_of, pair_params)
-            keys.execute(PIPELINE.fragment_keys_of, pair_params)
-            parts.execute(PIPELINE.partials_of, pair_params)
-        stored = {
-            (s, r, q)
-            for s, r, key, seqs in keys.fetchall()
-            for q, _ in unbundled(key, b"", None, None, seqs and bytes(seqs))
-        }
-        return probe_from(
-            run,
-            batch,
-            now,
-            {r.step: state_of(r) for r in read.fetchall()},
-            stored,
-            {(s, r): n for s, r, n in commits.fetchall()},
-            {(s, r): (n, bytes(st)) for s, r, n, st in parts.fetchall()},
-        )
+            found.execute(PIPELINE.pairs_of, pair_params)
+        stored: set[tuple[int, int, int]] = set()
+        commits: dict[CommitKey, int] = {}
+        parts: dict[CommitKey, tuple[int, bytes]] = {}
+        for s, r, declared, n, state, keys, bundles in found.fetchall():
+            if declared is not None:
+                commits[(s, r)] = declared
+            if state is not None:
+                parts[(s, r)] = (n, bytes(state))
+            for key, seqs in zip(keys or (), bundles or (), strict=True):
+                stored.update((s, r, q) for q, _ in unbundled(key, b"", None, None, seqs))
+        steps = {r.step: state_of(r) for r in read.fetchall()}
+        return probe_from(run, batch, now, steps, stored, commits, parts)
 
     def apply(
         self,

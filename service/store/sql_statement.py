@@ -168,13 +168,26 @@ _PAIRS = (
 )
 
 
-def _of_pairs(table: Table, columns: str) -> str:
-    """``columns`` of the rows of :func:`pairs_params`' pairs, one key lookup a pair
-    (``LATERAL``: a join would plan for a hundred pairs and read the whole table)."""
+def _pairs_of() -> str:
+    """What a batch's probe reads of each (step, rank) pair of :func:`pairs_params`, in
+    one statement, one key lookup a table (``LATERAL``: a join would plan for a hundred
+    pairs and read whole tables): the fragments its commit declared, its partial row's
+    fragments and state, and the key seq and seqs of each of its fragments rows (two
+    arrays in key order); nulls where it has none."""
+
+    def pair(t: str) -> str:
+        run = _param(STEPS.c.run_id, "run")
+        return f"{t}.run_id = {run} AND {t}.step = p.step AND {t}.rank = p.rank"
+
     return (
-        f"SELECT p.step, p.rank, {columns} FROM {_PAIRS} CROSS JOIN LATERAL "
-        f"(SELECT {columns} FROM {table.name} WHERE run_id = {_param(table.c.run_id, 'run')} "
-        "AND step = p.step AND rank = p.rank) AS t"
+        "SELECT p.step, p.rank, c.fragments, t.fragments, t.state, f.keys, f.bundles "
+        f"FROM {_PAIRS} "
+        f"LEFT JOIN LATERAL (SELECT fragments FROM commits AS c WHERE {pair('c')}) AS c ON true "
+        "LEFT JOIN LATERAL (SELECT fragments, state FROM partials AS t "
+        f"WHERE {pair('t')}) AS t ON true "
+        "LEFT JOIN LATERAL (SELECT array_agg(f.seq ORDER BY f.seq) AS keys, "
+        "array_agg(f.seqs ORDER BY f.seq) AS bundles FROM fragments AS f "
+        f"WHERE t.fragments IS NOT NULL AND {pair('f')}) AS f ON true"
     )
 
 
@@ -231,12 +244,10 @@ class PipelineText:
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     insert_fragments: str  # %(run_id)s and an array per fragments column (new rows only)
     insert_commits: str  # %(run_id)s and an array per commits column (new rows only)
-    commits_of: str  # pairs_params: (step, rank, fragments)
-    fragment_keys_of: str  # pairs_params: (step, rank, seq, seqs) of each row
+    pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
-    partials_of: str  # pairs_params: (step, rank, fragments, state)
     upsert_partials: str  # %(run_id)s and an array per partials column
 
 
@@ -252,8 +263,7 @@ PIPELINE = PipelineText(
     add_to_steps=_add_to_steps(),
     insert_fragments=_unnest_insert(FRAGMENTS),
     insert_commits=_unnest_insert(COMMITS),
-    commits_of=_of_pairs(COMMITS, "fragments"),
-    fragment_keys_of=_of_pairs(FRAGMENTS, "seq, seqs"),
+    pairs_of=_pairs_of(),
     upsert_values=_unnest_insert(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
@@ -262,7 +272,6 @@ PIPELINE = PipelineText(
         f"COPY {FRAGMENTS.name} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)"
     ),
     copy_types=tuple(_type(c) for c in FRAGMENTS.c),
-    partials_of=_of_pairs(PARTIALS, "fragments, state"),
     upsert_partials=_unnest_insert(
         PARTIALS,
         "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state",

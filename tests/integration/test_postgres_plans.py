@@ -41,7 +41,7 @@ def conn(postgres_url: str) -> Iterator[psycopg.Connection]:
         c.rollback()
 
 
-@pytest.mark.parametrize("name", ["commits_of", "fragment_keys_of", "partials_of"])
+@pytest.mark.parametrize("name", ["pairs_of"])
 def test_each_pair_is_one_key_lookup_in_the_generic_plan(
     conn: psycopg.Connection, name: str
 ) -> None:
