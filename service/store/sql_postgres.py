@@ -7,7 +7,7 @@ locks, taken in one order so that no two writers ever wait on each other in a ci
   (:func:`~.sql_statement.pair_lock_key`), in key order: two writers of one pair take
   turns, writers of different ranks of one step never wait on each other;
 * the step rows are read unlocked; a batch adds to its steps' counters with one
-  statement (:data:`~.sql_statement.PIPELINE` ``add_to_steps``), which locks the rows
+  statement (:data:`~.sql_statement.PIPELINE` ``apply``), which locks the rows
   in step order, and commits in the same round trip, so a step's row is locked only
   while its counters change and its transaction commits;
 * a step the batch completed (or changed after a partial finalisation) is finalised
@@ -120,30 +120,26 @@ class PostgresDialect:
         alone: bool,
     ) -> list[StepState]:
         """Insert the new fragments and commits, write the partial rows, add to the
-        steps' counters (creating new steps) and, ``alone``, commit: one round trip (and a
-        ``COPY`` before it for a large batch), the steps' rows locked from the statement
-        that adds to them to the commit."""
+        steps' counters (creating new steps): one statement (:data:`PIPELINE` ``apply``)
+        and, ``alone``, the commit in the same round trip (a ``COPY`` before it for a
+        large batch); the steps' rows are locked from that statement to the commit."""
         driver = conn.connection.driver_connection
         assert driver is not None
         rows = fragment_rows(run.id, batch, found.new_frags)
         copied = len(rows) >= COPY_MIN_ROWS
         if copied:
             _copy_fragments(driver, rows)
+        params = {
+            **_fragment_params(run.id, [] if copied else rows),
+            **_commit_params(batch, found.new_commits),
+            **_partial_params(partials),
+            **_added_params(run, added, now),
+        }
         steps = driver.cursor(row_factory=namedtuple_row)
         with driver.pipeline():
-            if rows and not copied:
-                driver.execute(PIPELINE.insert_fragments, _fragment_params(run.id, rows))
-            if found.new_commits:
-                params = _commit_params(run.id, batch, found.new_commits)
-                driver.execute(PIPELINE.insert_commits, params)
-            if partials:
-                driver.execute(PIPELINE.upsert_partials, _partial_params(run.id, partials))
-            if added:
-                steps.execute(PIPELINE.add_to_steps, _added_params(run, added, now))
+            steps.execute(PIPELINE.apply, params)
             if alone:
                 driver.commit()
-        if not added:
-            return []
         out = [state_of(r) for r in steps.fetchall()]
         for row in out:
             row.changed = True
@@ -193,28 +189,26 @@ def _copy_fragments(driver: Any, rows: Sequence[tuple[Any, ...]]) -> None:
             copy.write_row(row)
 
 
-def _partial_params(run_id: int, rows: Sequence[PartialRow]) -> dict[str, Any]:
+def _partial_params(rows: Sequence[PartialRow]) -> dict[str, Any]:
     return {
-        "run_id": run_id,
-        "step": [s for s, _, _, _ in rows],
-        "rank": [r for _, r, _, _ in rows],
-        "fragments": [n for _, _, n, _ in rows],
-        "state": [st for _, _, _, st in rows],
+        "p_step": [s for s, _, _, _ in rows],
+        "p_rank": [r for _, r, _, _ in rows],
+        "p_fragments": [n for _, _, n, _ in rows],
+        "p_state": [st for _, _, _, st in rows],
     }
 
 
 def _fragment_params(run_id: int, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
     """:func:`~.sql_step.fragment_rows` as one array per column."""
     names = ("step", "rank", "seq", "values_f64", "present", "tails", "seqs")
-    out: dict[str, Any] = {name: [row[i + 1] for row in rows] for i, name in enumerate(names)}
+    out: dict[str, Any] = {f"f_{n}": [row[i + 1] for row in rows] for i, n in enumerate(names)}
     out["run_id"] = run_id
     return out
 
 
-def _commit_params(run_id: int, batch: PreparedBatch, new: Sequence[CommitKey]) -> dict[str, Any]:
+def _commit_params(batch: PreparedBatch, new: Sequence[CommitKey]) -> dict[str, Any]:
     return {
-        "run_id": run_id,
-        "step": [k[0] for k in new],
-        "rank": [k[1] for k in new],
-        "fragments": [batch.commits[k] for k in new],
+        "c_step": [k[0] for k in new],
+        "c_rank": [k[1] for k in new],
+        "c_fragments": [batch.commits[k] for k in new],
     }

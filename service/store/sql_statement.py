@@ -144,16 +144,36 @@ def _names(columns: Sequence[Column[Any]]) -> str:
     return ", ".join(c.name for c in columns)
 
 
-def _unnest_insert(table: Table, conflict: str = "", returning: Sequence[str] = ()) -> str:
+def _unnest_insert(
+    table: Table, conflict: str = "", returning: Sequence[str] = (), prefix: str = ""
+) -> str:
     """``INSERT`` of many rows of one run: ``%(run_id)s`` once, every other column an
-    array parameter named after it."""
-    rest = [c for c in table.c if c.name != "run_id"]
+    array parameter named after it (after ``prefix``)."""
+    rest = ", ".join(_array(c, prefix + c.name) for c in table.c if c.name != "run_id")
     text = (
         f"INSERT INTO {table.name} ({_names(list(table.c))}) "
-        f"SELECT {_param(table.c.run_id)}, * FROM unnest({', '.join(map(_array, rest))})"
+        f"SELECT {_param(table.c.run_id)}, * FROM unnest({rest})"
     )
     text += f" ON CONFLICT {conflict}" if conflict else ""
     return text + (f" RETURNING {', '.join(returning)}" if returning else "")
+
+
+_UPSERT_PARTIALS = (
+    "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state"
+)
+
+
+def _apply() -> str:
+    """A batch's writes as ONE statement: its new fragments rows (``%(f_<column>)s``),
+    its new commits (``%(c_<column>)s``) and its partial rows (``%(p_<column>)s``) in
+    data-modifying ``WITH`` clauses (each runs once, whole, empty arrays inserting
+    nothing), then :func:`_add_to_steps`, whose rows it returns."""
+    return (
+        f"WITH f AS ({_unnest_insert(FRAGMENTS, prefix='f_')}), "
+        f"c AS ({_unnest_insert(COMMITS, prefix='c_')}), "
+        f"p AS ({_unnest_insert(PARTIALS, _UPSERT_PARTIALS, prefix='p_')}) "
+        f"{_add_to_steps()}"
+    )
 
 
 def pairs_params(run_id: int, pairs: Any) -> dict[str, Any]:
@@ -242,13 +262,11 @@ class PipelineText:
     lock_pairs: str  # %(keys)s: the pairs' lock keys (:func:`pair_lock_key`), sorted
     steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
-    insert_fragments: str  # %(run_id)s and an array per fragments column (new rows only)
-    insert_commits: str  # %(run_id)s and an array per commits column (new rows only)
+    apply: str  # a batch's writes: _apply
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
-    upsert_partials: str  # %(run_id)s and an array per partials column
 
 
 _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
@@ -261,8 +279,7 @@ PIPELINE = PipelineText(
         f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
     ),
     add_to_steps=_add_to_steps(),
-    insert_fragments=_unnest_insert(FRAGMENTS),
-    insert_commits=_unnest_insert(COMMITS),
+    apply=_apply(),
     pairs_of=_pairs_of(),
     upsert_values=_unnest_insert(
         STEP_VALUES,
@@ -272,10 +289,6 @@ PIPELINE = PipelineText(
         f"COPY {FRAGMENTS.name} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)"
     ),
     copy_types=tuple(_type(c) for c in FRAGMENTS.c),
-    upsert_partials=_unnest_insert(
-        PARTIALS,
-        "(run_id, step, rank) DO UPDATE SET fragments = excluded.fragments, state = excluded.state",
-    ),
 )
 
 

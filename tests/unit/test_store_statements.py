@@ -53,12 +53,22 @@ def test_pair_lock_keys_are_signed_64_bit_and_the_same_in_every_process() -> Non
 
 
 def test_fragments_are_inserted_from_one_array_per_column() -> None:
-    assert PIPELINE.insert_fragments == (
-        "INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, tails, seqs) "
-        "SELECT %(run_id)b::INTEGER, * FROM unnest(%(step)b::BIGINT[], %(rank)b::INTEGER[], "
-        "%(seq)b::BIGINT[], %(values_f64)b::BYTEA[], %(present)b::BYTEA[], "
-        "%(tails)b::BYTEA[], %(seqs)b::BYTEA[])"
-    )  # new rows only: the batch holds its pairs, and the probe read what is stored
+    # a batch's writes are one statement: new fragments, new commits and partial rows in
+    # WITH clauses (new rows only: the batch holds its pairs, the probe read what is
+    # stored), then the counters, whose step rows it returns
+    assert PIPELINE.apply.startswith(
+        "WITH f AS (INSERT INTO fragments (run_id, step, rank, seq, values_f64, present, "
+        "tails, seqs) SELECT %(run_id)b::INTEGER, * FROM unnest(%(f_step)b::BIGINT[], "
+        "%(f_rank)b::INTEGER[], %(f_seq)b::BIGINT[], %(f_values_f64)b::BYTEA[], "
+        "%(f_present)b::BYTEA[], %(f_tails)b::BYTEA[], %(f_seqs)b::BYTEA[])), "
+        "c AS (INSERT INTO commits (run_id, step, rank, fragments) SELECT %(run_id)b::INTEGER, "
+        "* FROM unnest(%(c_step)b::BIGINT[], %(c_rank)b::INTEGER[], %(c_fragments)b::BIGINT[])), "
+        "p AS (INSERT INTO partials (run_id, step, rank, fragments, state) SELECT "
+        "%(run_id)b::INTEGER, * FROM unnest(%(p_step)b::BIGINT[], %(p_rank)b::INTEGER[], "
+        "%(p_fragments)b::BIGINT[], %(p_state)b::BYTEA[]) ON CONFLICT (run_id, step, rank) "
+        "DO UPDATE SET fragments = excluded.fragments, state = excluded.state) "
+    )
+    assert PIPELINE.apply.endswith(PIPELINE.add_to_steps)
     assert PIPELINE.upsert_values == (
         "INSERT INTO step_values (run_id, col, step, value, state) "
         "SELECT %(run_id)b::INTEGER, * FROM unnest(%(col)b::INTEGER[], %(step)b::BIGINT[], "
