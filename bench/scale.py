@@ -164,8 +164,8 @@ class Replica:
 
 
 def _env(redis_prefix: str | None) -> dict[str, str]:
-    # the caller's settings stay out, but for the ingest group's (to compare them)
-    keep = ("STEPTALLY_INGEST_GROUP_",)
+    # the caller's settings stay out, but for the ingest ones (to compare them)
+    keep = ("STEPTALLY_INGEST_",)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("STEPTALLY_") or k.startswith(keep)
     }

@@ -16,6 +16,7 @@ from steptally.service.domain.batch import PreparedBatch, prepare
 from steptally.service.domain.run import RunDraft, RunRecord
 from steptally.service.errors import CommitConflict, FragmentConflict
 from steptally.service.settings import Settings
+from steptally.service.store.factory import open_store
 from steptally.service.store.protocol import Store
 
 SPEC = MetricSpec.build({"a": "sum", "n": "count"}, {"m": "a / n"})
@@ -78,3 +79,32 @@ def test_a_body_is_one_row_and_every_rule_holds_across_rows(
     metrics = step.result.metrics
     assert metrics["a"]["value"] == float(exact)
     assert (metrics["n"]["value"], metrics["m"]["value"]) == (9.0, float(exact / 9))
+
+
+def test_a_step_left_complete_but_open_is_finalised_at_the_first_sweep(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL finalises a step after the commit of the batch that completed it; a
+    # process stopped between the two leaves it open with every fragment counted
+    sql = getattr(store, "sql", store)
+    if not sql.dialect.finalises_after_commit:
+        pytest.skip("SQLite finalises in the batch's own transaction")
+    run, _ = store.register_run("r", lambda _: RunDraft(2, SPEC, 60.0), T0)
+    monkeypatch.setattr(type(sql), "_finalise_after", lambda *_: None)  # stops in between
+    store.ingest(run, _batch(run, 0, range(0, 2), commit=2), T0 + 1)
+    done = store.ingest(run, _batch(run, 1, range(0, 1), commit=1), T0 + 2)
+    assert done.finalised == []
+    monkeypatch.undo()
+    step = store.get_step(run, 0)
+    assert step is not None and step.status.value == "open"
+    restarted = open_store(settings)  # its first sweep, long before the step's deadline
+    try:
+        swept = restarted.sweep(T0 + 3)
+        assert [(f.step, f.status.value, f.revision) for f in swept] == [(0, "complete", 1)]
+        assert restarted.sweep(T0 + 4) == []  # once
+    finally:
+        restarted.close()
+    step = store.get_step(run, 0)
+    assert step is not None and step.result is not None
+    exact = sum(map(Fraction, [_value(0, 0), _value(0, 1), _value(1, 0)]), Fraction(0))
+    assert step.result.metrics["a"]["value"] == float(exact)
