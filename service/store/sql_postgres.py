@@ -65,6 +65,15 @@ class PostgresDialect:
         return contextlib.nullcontext()  # writers meet on the pairs and rows they lock
 
     def writer_connection(self, conn: Connection) -> Connection:
+        """A writer's connection plans no sequential scans. Its statements are key
+        lookups, prepared once per connection; a plan psycopg prepared while a run's
+        tables were small (a sequential scan is cheapest then) would otherwise stay for
+        the connection's life and read the whole table for every pair as it grows —
+        measured at 4096 ranks: 14 ms of database CPU a batch instead of 0.6."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("SET enable_seqscan = off")
+        driver.commit()
         return conn
 
     def sync(self) -> None:

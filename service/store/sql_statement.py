@@ -7,8 +7,10 @@
 * :data:`PIPELINE`: PostgreSQL's pipelined path (:mod:`.sql_postgres`) sends driver
   text, generated here from the same tables: arrays (``unnest``, ``= ANY``) keep each
   text fixed whatever the batch size, so psycopg prepares it once per connection.
-  Each parameter is cast to its column's type, and values (``'open'`` included) are
-  bound, never spelled in the text.
+  Each parameter is bound in binary and cast to its column's type, and values
+  (``'open'`` included) are bound, never spelled in the text.
+* :data:`SQLITE`: SQLite's path (:class:`~.dialect.SqliteDialect`) through the driver,
+  one statement for each read and each table's rows.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Column, Table, bindparam, func, select, update
+from sqlalchemy import Column, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql
 
 from steptally.service.store.models import Breach, Commit, Fragment, Partial, Step, StepValue
@@ -39,19 +41,12 @@ STATE_COLUMNS = tuple(c.name for c in STEPS.c if c.name != "run_id")
 
 @dataclass(frozen=True)
 class Statements:
-    upsert_steps: Any  # creates missing step rows, returns (and on PostgreSQL locks) all
-    insert_fragments: Any
-    insert_commits: Any
+    """What the ingest path's shared code (duplicates, finalisation) runs as Core."""
+
     update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
-    commits_of: Any  # (step, rank, fragments) for :run, :steps, :ranks
-    max_seq_of: Any  # (step, rank, max seq) for :run, :steps, :ranks
     fragments_of: Any  # (step, rank, seq, values, present, tails, seqs): :run, :steps, :ranks
     upsert_values: Any  # step_values rows, replacing a step's earlier values
-    insert_partials: Any  # partials rows; returns (step, rank) of those that were new
-    partials_of: Any  # (step, rank, fragments, state) for :run, :steps, :ranks
-    update_partials: Any  # :k_run, :k_step, :k_rank, :v_fragments, :v_state
     partials_of_step: Any  # (rank, fragments, state) of :run, :step
-    upsert_partials: Any  # partials rows, replacing the stored ones
     insert_breaches: Any  # breaches rows; a (step, rule) already stored stays as it is
 
 
@@ -65,25 +60,12 @@ def _where(table: Table) -> Any:
 
 def core(insert: Callable[[Table], Any]) -> Statements:
     """The statements over a dialect's ``insert`` (``sqlite.insert``, ``postgresql.insert``)."""
-    upsert = insert(STEPS).on_conflict_do_update(
-        index_elements=["run_id", "step"], set_={"status": STEPS.c.status}
-    )
     values = insert(STEP_VALUES)
-    partials = insert(PARTIALS)
-    f, c, p = FRAGMENTS.c, COMMITS.c, PARTIALS.c
+    f, p = FRAGMENTS.c, PARTIALS.c
     return Statements(
-        upsert_steps=upsert.returning(*STEPS.c),
-        insert_fragments=insert(FRAGMENTS)
-        .on_conflict_do_nothing()
-        .returning(f.step, f.rank, f.seq),
-        insert_commits=insert(COMMITS).on_conflict_do_nothing().returning(c.step, c.rank),
         update_steps=update(STEPS)
         .where(STEPS.c.run_id == bindparam("k_run"), STEPS.c.step == bindparam("k_step"))
         .values({name: bindparam(f"v_{name}") for name in STEP_FIELDS}),
-        commits_of=select(c.step, c.rank, c.fragments).where(*_where(COMMITS)),
-        max_seq_of=select(f.step, f.rank, func.max(f.seq))
-        .where(*_where(FRAGMENTS))
-        .group_by(f.step, f.rank),
         fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails, f.seqs).where(
             *_where(FRAGMENTS)
         ),
@@ -91,21 +73,8 @@ def core(insert: Callable[[Table], Any]) -> Statements:
             index_elements=[k.name for k in STEP_VALUES.primary_key],
             set_={"value": values.excluded.value, "state": values.excluded.state},
         ),
-        insert_partials=insert(PARTIALS).on_conflict_do_nothing().returning(p.step, p.rank),
-        partials_of=select(p.step, p.rank, p.fragments, p.state).where(*_where(PARTIALS)),
-        update_partials=update(PARTIALS)
-        .where(
-            p.run_id == bindparam("k_run"),
-            p.step == bindparam("k_step"),
-            p.rank == bindparam("k_rank"),
-        )
-        .values(fragments=bindparam("v_fragments"), state=bindparam("v_state")),
         partials_of_step=select(p.rank, p.fragments, p.state).where(
             p.run_id == bindparam("run"), p.step == bindparam("step")
-        ),
-        upsert_partials=partials.on_conflict_do_update(
-            index_elements=[k.name for k in PARTIALS.primary_key],
-            set_={"fragments": partials.excluded.fragments, "state": partials.excluded.state},
         ),
         insert_breaches=insert(BREACHES).on_conflict_do_nothing(),
     )

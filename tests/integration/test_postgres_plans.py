@@ -1,6 +1,8 @@
 """PostgreSQL's ingest reads look each (step, rank) pair up by its key, whatever the
-table holds: a plan that read whole tables made every batch cost more as a run grew
-(a read of the highest seq took 0.8 ms a batch at 2,000 rank-steps, bench/README.md)."""
+tables held when the plan was made. psycopg prepares a statement after a few runs, and
+a plan made while a run's tables were empty (a sequential scan is cheapest then) would
+stay for the connection's life: at 4096 ranks it read whole tables for every pair,
+14 ms of database CPU a batch (bench/README.md, Scale)."""
 
 from __future__ import annotations
 
@@ -10,59 +12,64 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from steptally.service.store.dialect import dialect_for
+from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_statement import PIPELINE, pairs_params
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def conn(postgres_url: str) -> Iterator[psycopg.Connection]:
+def writer(postgres_url: str) -> Iterator[psycopg.Connection]:
+    """A writer's connection, set up as the store sets it up, over empty, analysed
+    tables (what a new database's first batches meet)."""
     from tests.integration.conftest import _empty
 
     _empty(postgres_url)
-    url = sa.make_url(postgres_url).set(drivername="postgresql").render_as_string(False)
-    with psycopg.connect(url) as c:
-        c.execute(
-            "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
-            "VALUES (1, 'r', 256, '{}', 60, 0)"
-        )
-        c.execute(
-            "INSERT INTO partials SELECT 1, s, r, 1, '\\x020000' "
-            "FROM generate_series(0, 39) s, generate_series(0, 255) r"
-        )
-        c.execute("INSERT INTO commits SELECT 1, step, rank, 1 FROM partials")
-        c.execute(
-            "INSERT INTO fragments (run_id, step, rank, seq, values_f64) "
-            "SELECT 1, step, rank, 0, '\\x' FROM partials"
-        )
-        c.execute("ANALYZE")
-        c.commit()
-        yield c
-        c.rollback()
-
-
-@pytest.mark.parametrize("name", ["pairs_of"])
-def test_each_pair_is_one_key_lookup_in_the_generic_plan(
-    conn: psycopg.Connection, name: str
-) -> None:
-    text = getattr(PIPELINE, name)
-    params = pairs_params(1, [(3, 5), (3, 6), (7, 255)])
-    conn.execute("SET plan_cache_mode = force_generic_plan")  # the plan a prepared one gets
-    conn.execute(f"PREPARE pair_read AS {_numbered(text)}")
+    engine = make_engine(postgres_url)
     try:
-        args = (params["step"], params["rank"], params["run"])
-        literal = psycopg.ClientCursor(conn)  # EXPLAIN EXECUTE takes no bound parameters
-        plan = [r[0] for r in literal.execute("EXPLAIN EXECUTE pair_read(%s, %s, %s)", args)]
-        rows = literal.execute("EXECUTE pair_read(%s, %s, %s)", args).fetchall()
-        assert sorted(tuple(r[:2]) for r in rows) == [(3, 5), (3, 6), (7, 255)]
+        with engine.connect() as conn:
+            dialect_for(engine).writer_connection(conn)
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(
+                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                "VALUES (1, 'r', 256, '{}', 60, 0)"
+            )
+            driver.execute("ANALYZE")
+            driver.commit()
+            yield driver
+            driver.rollback()
     finally:
-        conn.execute("DEALLOCATE pair_read")
-    assert not [line for line in plan if "Seq Scan" in line], plan
-    assert any("Index" in line and "Cond" not in line for line in plan), plan
+        engine.dispose()
 
 
-def _numbered(text: str) -> str:
-    """The pipeline text with its named parameters as $1 (step), $2 (rank), $3 (run)."""
+def test_the_pairs_read_is_one_key_lookup_a_table_in_a_plan_made_on_empty_tables(
+    writer: psycopg.Connection,
+) -> None:
+    text = PIPELINE.pairs_of
     for i, name in enumerate(("step", "rank", "run"), start=1):
         text = text.replace(f"%({name})b", f"${i}")
-    return text
+    params = pairs_params(1, [(3, 5), (3, 6), (7, 255)])
+    args = (params["step"], params["rank"], params["run"])
+    writer.execute("SET plan_cache_mode = force_generic_plan")  # the plan kept once prepared
+    writer.execute(f"PREPARE pair_read AS {text}")
+    try:
+        literal = psycopg.ClientCursor(writer)  # EXPLAIN EXECUTE takes no bound parameters
+        plan = [r[0] for r in literal.execute("EXPLAIN EXECUTE pair_read(%s, %s, %s)", args)]
+        rows = literal.execute("EXECUTE pair_read(%s, %s, %s)", args).fetchall()
+    finally:
+        writer.execute("DEALLOCATE pair_read")
+    assert sorted(tuple(r[:2]) for r in rows) == [(3, 5), (3, 6), (7, 255)]
+    assert not [line for line in plan if "Seq Scan" in line], plan
+    scans = [line.split(" on ")[1].split()[0] for line in plan if "Index Scan" in line]
+    assert sorted(scans) == ["commits", "fragments", "partials"], plan
+
+
+def test_other_connections_keep_the_planner_as_it_is(postgres_url: str) -> None:
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar() == "on"
+    finally:
+        engine.dispose()
