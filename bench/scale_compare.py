@@ -1,0 +1,146 @@
+"""Before and after: several ``bench/scale.py`` CSVs of two versions, as one table and plot.
+
+Each CSV is labelled with its version (``before=path`` or ``after=path``; run them
+interleaved, as rounds, so that the machine's drift falls on both). Per version,
+configuration and rank count it takes the median over the CSVs of: rank-steps/s, the
+ratio to VictoriaMetrics measured beside that row, the ratio to the HTTP floor, server
++ database CPU per value and the finalise p99; every row's ``steps_exact`` must equal
+its steps (``bench/scale.py`` raises before writing a row that is not exact).
+
+Usage:
+    python bench/scale_compare.py before=old_1/scale.csv after=new_1/scale.csv ... \\
+        --out bench/results/scale_issue21
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+FIELDS = {
+    "rank_steps_per_s": "rank-steps/s",
+    "victoria_ratio": "× VictoriaMetrics",
+    "floor_ratio": "× HTTP floor",
+    "server_cpu_us_per_value": "server + db CPU µs/value",
+    "finalise_p99_ms": "finalise p99 ms",
+}
+
+
+def read(labelled: list[str]) -> dict[tuple[str, str, int], dict[str, list[float]]]:
+    out: dict[tuple[str, str, int], dict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for item in labelled:
+        version, path = item.split("=", 1)
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("steps_exact") not in (None, "", row["steps"]):
+                    raise SystemExit(f"{path}: {row['config']} {row['ranks']} not exact")
+                key = (version, row["config"], int(row["ranks"]))
+                for field in FIELDS:
+                    out[key][field].append(float(row[field]))
+                out[key]["victoria"].append(float(row["victoria_rank_steps_per_s"]))
+    return out
+
+
+def medians(data: dict[tuple[str, str, int], dict[str, list[float]]]) -> list[dict[str, Any]]:
+    rows = []
+    for (version, config, ranks), fields in sorted(data.items()):
+        row: dict[str, Any] = {"version": version, "config": config, "ranks": ranks}
+        row["runs"] = len(fields["rank_steps_per_s"])
+        for field, values in fields.items():
+            row[field] = statistics.median(values)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = "| config | ranks | version | runs | " + " | ".join(FIELDS.values()) + " |"
+    out = [head, "|" + "---|" * (4 + len(FIELDS))]
+    for r in sorted(rows, key=lambda r: (r["config"], r["ranks"], r["version"] != "before")):
+        cells = [
+            f"{r['rank_steps_per_s']:.0f}",
+            f"{r['victoria_ratio']:.2f} ({r['victoria']:.0f})",
+            f"{r['floor_ratio']:.3f}",
+            f"{r['server_cpu_us_per_value']:.1f}",
+            f"{r['finalise_p99_ms']:.1f}",
+        ]
+        out.append(
+            f"| {r['config']} | {r['ranks']} | {r['version']} | {r['runs']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
+    colours = {"sqlite": "tab:blue", "postgres": "tab:orange"}
+    for config in sorted({r["config"] for r in rows}):
+        for version, style in (("before", "o:"), ("after", "o-")):
+            mine = sorted(
+                (r for r in rows if r["config"] == config and r["version"] == version),
+                key=lambda r: r["ranks"],
+            )
+            if not mine:
+                continue
+            colour = colours.get(config.split()[0], None)
+            x = [r["ranks"] for r in mine]
+            label = f"{config}, {version}"
+            rate.plot(x, [r["rank_steps_per_s"] for r in mine], style, color=colour, label=label)
+            cpu.plot(x, [r["server_cpu_us_per_value"] for r in mine], style, color=colour, label=label)
+    vm: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        vm[r["ranks"]].append(r["victoria"])
+    xs = sorted(vm)
+    rate.plot(xs, [statistics.median(vm[x]) for x in xs], "D--", color="grey",
+              label="VictoriaMetrics (median beside the rows)")  # fmt: skip
+    for ax, title in (
+        (rate, "rank-steps/s (higher is better), 2 shared cores"),
+        (cpu, "server + database CPU per value, µs (lower is better)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("csvs", nargs="+", help="before=PATH or after=PATH")
+    p.add_argument("--out", type=Path, required=True, help="PATH.csv, PATH.png, PATH.md")
+    args = p.parse_args()
+    rows = medians(read(args.csvs))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    plot(rows, args.out.with_suffix(".png"))
+    table = markdown(rows)
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
