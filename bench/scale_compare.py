@@ -31,9 +31,7 @@ FIELDS = {
 
 
 def read(labelled: list[str]) -> dict[tuple[str, str, int], dict[str, list[float]]]:
-    out: dict[tuple[str, str, int], dict[str, list[float]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    out: dict[tuple[str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for item in labelled:
         version, path = item.split("=", 1)
         with open(path) as f:
@@ -94,11 +92,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             )
             if not mine:
                 continue
-            colour = colours.get(config.split()[0], None)
+            colour = colours.get(config.split()[0])
             x = [r["ranks"] for r in mine]
             label = f"{config}, {version}"
-            rate.plot(x, [r["rank_steps_per_s"] for r in mine], style, color=colour, label=label)
-            cpu.plot(x, [r["server_cpu_us_per_value"] for r in mine], style, color=colour, label=label)
+            for ax, field in ((rate, "rank_steps_per_s"), (cpu, "server_cpu_us_per_value")):
+                ax.plot(x, [r[field] for r in mine], style, color=colour, label=label)
     vm: dict[int, list[float]] = defaultdict(list)
     for r in rows:
         vm[r["ranks"]].append(r["victoria"])

@@ -46,7 +46,7 @@ from steptally.service.store.protocol import (
     StepRecord,
 )
 from steptally.service.store.sql_ingest import Stored
-from steptally.service.store.sql_run import load_run, load_runs, save_run
+from steptally.service.store.sql_run import KnownRuns, load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
@@ -73,6 +73,7 @@ class SqlStore:
         self.dialect = dialect_for(engine)
         self._recovered = False  # see finalise_stranded
         self._writers = self.dialect.writer_lock()
+        self._runs = KnownRuns()  # the runs finalisations read, parsed once a change
         self._local = threading.local()  # a writer thread's own connection
         self._held: set[Connection] = set()  # every such connection, closed with the store
         self.group_max_batches = group_max_batches or self.dialect.default_group
@@ -137,6 +138,14 @@ class SqlStore:
             self._held.add(self._local.conn)
         yield
 
+    def _reloader(self, conn: Connection, run: RunRecord) -> Callable[[], RunRecord]:
+        """What reads ``run`` as it stands now, when a step of it is finalised."""
+
+        def reload() -> RunRecord:
+            return self._runs.current(conn, run.id) or run
+
+        return reload
+
     def check_ready(self) -> None:
         """Raise unless the database answers and its schema is at head (``NotMigrated``)."""
         with transaction(self.engine, write=False) as conn:
@@ -185,7 +194,9 @@ class SqlStore:
 
     def _ingest_alone(self, run: RunRecord, batch: PreparedBatch, now: float) -> IngestOutcome:
         with self._write() as conn:
-            stored = sql_ingest.ingest(conn, self.dialect, run, batch, now, _reloader(conn, run))
+            stored = sql_ingest.ingest(
+                conn, self.dialect, run, batch, now, self._reloader(conn, run)
+            )
         self._finalise_after(run, [stored], [now])
         return stored.outcome
 
@@ -218,7 +229,7 @@ class SqlStore:
             for p in group:
                 try:
                     p.outcome = sql_ingest.ingest(
-                        conn, self.dialect, p.run, p.batch, p.now, _reloader(conn, p.run), True
+                        conn, self.dialect, p.run, p.batch, p.now, self._reloader(conn, p.run), True
                     ).outcome
                 except Exception as exc:
                     p.error = exc
@@ -230,7 +241,11 @@ class SqlStore:
         try:
             with self._write() as conn:
                 stored = sql_ingest.ingest_merged(
-                    conn, self.dialect, run, [(p.batch, p.now) for p in group], _reloader(conn, run)
+                    conn,
+                    self.dialect,
+                    run,
+                    [(p.batch, p.now) for p in group],
+                    self._reloader(conn, run),
                 )
         except Exception:  # NotMerged, or a batch the database refused: one by one
             return False
@@ -254,7 +269,7 @@ class SqlStore:
             try:
                 with self._write() as conn:
                     done = sql_ingest.finalise_due(
-                        conn, self.dialect, run, _reloader(conn, run), steps, now
+                        conn, self.dialect, run, self._reloader(conn, run), steps, now
                     )
             except Exception:  # the batch is durable: the sweep finalises its steps
                 log.exception(
@@ -307,7 +322,7 @@ class SqlStore:
             row = lock_step(conn, self.dialect.for_update, run_id, step)
             if row is None or not (is_due(row, now) or _is_stranded(row)):
                 return None  # another instance got there first
-            run = load_run(conn, run_id=run_id)
+            run = self._runs.current(conn, run_id)
             assert run is not None
             done = finalise_row(conn, self.dialect.sql, run, row, None, now)
             write_steps(conn, self.dialect.sql, run_id, [row])
@@ -385,10 +400,3 @@ def _is_stranded(row: StepState) -> bool:
         and row.missing_ranks == 0
         and row.received == row.expected
     )
-
-
-def _reloader(conn: Connection, run: RunRecord) -> Callable[[], RunRecord]:
-    def reload() -> RunRecord:
-        return load_run(conn, run_id=run.id) or run
-
-    return reload

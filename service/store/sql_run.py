@@ -7,6 +7,7 @@ per-step values (``step_values.col``) resolve to a name through the same table.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,34 @@ def load_run(
     if row is None:
         return None
     return _record(row, _columns(conn, [row.id])[row.id])
+
+
+class KnownRuns:
+    """Runs as a store last read them, by id. :meth:`current` reads what of a run can
+    change (its spec's text, its number of metric columns; one small statement) and
+    parses the spec again only when that changed: a finalisation wants the run as it
+    stands, and parsing it cost most of a millisecond a step."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[tuple[Any, ...], RunRecord]] = {}
+        self._lock = threading.Lock()
+
+    def current(self, conn: Connection, run_id: int) -> RunRecord | None:
+        columns = select(func.count()).where(METRICS.c.run_id == run_id).scalar_subquery()
+        stmt = select(RUNS.c.spec, RUNS.c.world_size, RUNS.c.step_timeout_s, columns)
+        row = conn.execute(stmt.where(RUNS.c.id == run_id)).first()
+        if row is None:
+            return None
+        key = tuple(row)
+        with self._lock:
+            known = self._known.get(run_id)
+        if known is not None and known[0] == key:
+            return known[1]
+        run = load_run(conn, run_id=run_id)
+        if run is not None:
+            with self._lock:
+                self._known[run_id] = (key, run)
+        return run
 
 
 def load_runs(

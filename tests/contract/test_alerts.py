@@ -149,3 +149,25 @@ def test_change_rules_on_several_metrics_read_their_own_windows(store: Store) ->
     found = {b["rule"]: b["mean"] for b in _breaches(store, run, 4)}
     assert found == {"a_jump": 2.0, "m_jump_wide": 1.0}
     assert _breaches(store, run, 3) == []  # m_jump_wide had 3 of its 4 steps: not checked
+
+
+def test_a_rule_registered_while_a_step_is_open_is_checked_when_it_finalises(
+    store: Store,
+) -> None:
+    # the batch that completes the step holds the run as it was read before the rule;
+    # the finalisation reads the run as it stands (and parses it only when it changed)
+    plain = MetricSpec.build({"a": "sum", "n": "count"}, {"m": "a / n"})
+    run, _ = store.register_run("late", lambda _: RunDraft(2, plain, TIMEOUT_S), T0)
+    held = run
+    store.ingest(held, _batch(held, {0: 5.0}, ranks=(0,)), T0 + 1)
+    ruled = MetricSpec.build(
+        {"a": "sum", "n": "count"},
+        {"m": "a / n", "double": "2 * a"},
+        alerts=[{"name": "a_high", "metric": "a", "above": 1.0}],
+    )
+    store.register_run("late", lambda _: RunDraft(2, ruled, TIMEOUT_S), T0)
+    done = store.ingest(held, _batch(held, {0: 5.0}, ranks=(1,)), T0 + 2)
+    record = done.finalised[0].record
+    assert record is not None and record.result is not None
+    assert record.result.metrics["double"]["value"] == 20.0
+    assert [b["rule"] for b in _breaches(store, held, 0)] == ["a_high"]
