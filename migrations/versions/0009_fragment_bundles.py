@@ -26,9 +26,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    bundles = op.get_bind().execute(
-        sa.text("SELECT count(*) FROM fragments WHERE seqs IS NOT NULL")
-    ).scalar_one()
+    bundles = (
+        op.get_bind()
+        .execute(sa.text("SELECT count(*) FROM fragments WHERE seqs IS NOT NULL"))
+        .scalar_one()
+    )
     if bundles:
         raise RuntimeError(
             f"{bundles} fragments rows hold bundles, which revision 0008 cannot read: "
