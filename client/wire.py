@@ -195,13 +195,9 @@ def _decode_columnar(data: object) -> FragmentBatch:
     if not isinstance(data, dict):
         raise WireError("columnar", "must be an object")
     metrics = data.get("metrics")
-    if not isinstance(metrics, list) or not all(isinstance(n, str) for n in metrics):
+    if not isinstance(metrics, list):
         raise WireError("columnar.metrics", "must be a list of metric names")
-    for name in metrics:
-        if not NAME_PATTERN.fullmatch(name):
-            raise WireError("columnar.metrics", f"{name!r:.40} is not a valid metric name")
-    if len(set(metrics)) != len(metrics):
-        raise WireError("columnar.metrics", "names a metric twice")
+    _check_names(metrics)
     steps = int_column(data, "step", None)
     ranks = int_column(data, "rank", len(steps))
     seqs = int_column(data, "seq", len(steps))
@@ -224,6 +220,29 @@ def _decode_columnar(data: object) -> FragmentBatch:
     if data.get("tails") is not None:
         batch.tails = _decode_tails(data["tails"], batch)
     return batch
+
+
+#: lists of metric names already found valid (a reporter sends the same one each time)
+_VALID_NAMES: dict[tuple[str, ...], None] = {}
+_VALID_NAMES_KEPT = 256
+
+
+def _check_names(metrics: list[object]) -> None:
+    """Refuse a list of metric names that holds a non-string, an invalid name or one
+    name twice."""
+    if set(map(type, metrics)) - {str}:
+        raise WireError("columnar.metrics", "must be a list of metric names")
+    key = tuple(metrics)
+    if key in _VALID_NAMES:
+        return
+    for name in metrics:
+        if not NAME_PATTERN.fullmatch(name):  # type: ignore[call-overload]
+            raise WireError("columnar.metrics", f"{name!r:.40} is not a valid metric name")
+    if len(set(metrics)) != len(metrics):
+        raise WireError("columnar.metrics", "names a metric twice")
+    if len(_VALID_NAMES) >= _VALID_NAMES_KEPT:
+        _VALID_NAMES.clear()
+    _VALID_NAMES[key] = None  # type: ignore[index]
 
 
 def _decode_tails(data: object, batch: FragmentBatch) -> dict[int, tuple[float, ...]]:

@@ -98,11 +98,9 @@ def decode_int(v: object, where: str, lo: int = 0) -> int:
 
 
 def canonical_nan(values: array[float]) -> None:
-    try:
-        clean = not math.isnan(math.fsum(values))
-    except (OverflowError, ValueError):
-        clean = False
-    if not clean:
+    """Every NaN of ``values`` as the one NaN (``math.nan``), whatever its payload."""
+    total = sum(values)  # a NaN among them makes it NaN (so may +inf with -inf)
+    if total != total:
         for i, v in enumerate(values):
             if v != v:
                 values[i] = math.nan
@@ -112,7 +110,7 @@ def decode_b64(v: object, where: str) -> bytes:
     if not isinstance(v, str):
         raise WireError(where, "must be a base64 string")
     try:
-        return base64.b64decode(v, validate=True)
+        return binascii.a2b_base64(v, strict_mode=True)
     except (binascii.Error, ValueError):
         raise WireError(where, "is not valid base64") from None
 
@@ -130,7 +128,8 @@ def int_column(
     if n is not None and len(col) != n:
         first = "step" if block == "columnar" else "cells"
         raise WireError(f"{block}.{key}", f"has {len(col)} entries, but {first} has {n}")
-    for i, v in enumerate(col):
-        if type(v) is not int or not 0 <= v <= MAX_INT:
-            decode_int(v, f"{block}.{key}[{i}]")
+    if col and (set(map(type, col)) != {int} or min(col) < 0 or max(col) > MAX_INT):
+        for i, v in enumerate(col):  # the first wrong entry, named
+            if type(v) is not int or not 0 <= v <= MAX_INT:
+                decode_int(v, f"{block}.{key}[{i}]")
     return col

@@ -46,8 +46,9 @@ class RequestDeadline:
                 started = True
             await send(message)
 
-        try:
-            await asyncio.wait_for(self.app(scope, receive, watched_send), self.seconds)
+        try:  # in the request's own task (``wait_for`` would start one per request)
+            async with asyncio.timeout(self.seconds):
+                await self.app(scope, receive, watched_send)
         except TimeoutError:
             if started:
                 raise  # half an answer went out: nothing else can be said

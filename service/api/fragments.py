@@ -18,7 +18,6 @@ handlers (``service/api/errors.py``) answer them alike.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -29,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from steptally.service.api.body import decode_content, inflated_size, read_limited
 from steptally.service.api.deps import RUN_PATTERN, RunName
-from steptally.service.api.handoff import Handoff
+from steptally.service.api.handoff import Handoff, awaited
 from steptally.service.api.limits import BodyBudget
 from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors, json_bytes
 from steptally.service.errors import ServiceError
@@ -93,7 +92,7 @@ async def ingest(request: Request, run: str, partial: bool) -> bytes:
         small = not inflated and len(raw) <= INLINE_BYTES and service.runs.cached(run)
         prepared = prepare() if small else await handoff.run(prepare)
         try:  # a deadline that cancels this wait leaves the batch to its writer
-            outcome = await asyncio.shield(asyncio.wrap_future(service.ingest.submit(prepared)))
+            outcome = await awaited(service.ingest.submit(prepared))
         except ServiceError as exc:
             service.ingest.refused(prepared, exc)
             raise

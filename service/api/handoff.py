@@ -14,9 +14,10 @@ first call and again after :meth:`close`, so an app can be served more than once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -49,3 +50,37 @@ class Handoff:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+def awaited(future: Future[T]) -> asyncio.Future[T]:
+    """An event-loop future that takes ``future``'s result or error when it is done.
+
+    A waiter that is cancelled (the request deadline) cancels only this future, never
+    ``future``: the work behind it (a batch with its store's writer) goes on to its end.
+    ``asyncio.shield(asyncio.wrap_future(future))`` says the same with two futures more
+    and their callbacks.
+    """
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future[T] = loop.create_future()
+
+    def copy(done: Future[T]) -> None:
+        if out.cancelled():
+            return
+        if done.cancelled():
+            out.cancel()
+            return
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def done_elsewhere(done: Future[T]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            loop.call_soon_threadsafe(copy, done)
+
+    if future.done():
+        copy(future)
+    else:
+        future.add_done_callback(done_elsewhere)
+    return out

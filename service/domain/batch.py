@@ -219,6 +219,8 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Itera
             continue
         column = batch.values[j::m]
         mask = None if batch.present is None else batch.present[j::m]
+        if mask is None and _counts(column):
+            continue
         for i, v in enumerate(column):
             if (mask is None or mask[i]) and not (0 <= v < _COUNT_BOUND and v.is_integer()):
                 where = (
@@ -235,6 +237,14 @@ def _check_counts(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Itera
                         where,
                     ),
                 )
+
+
+def _counts(column: Sequence[float]) -> bool:
+    """Whether every value is a count: an integer from 0 to 2**63 - 1 (NaN and ±inf
+    are not integers)."""
+    return not column or (
+        all(map(float.is_integer, column)) and min(column) >= 0 and max(column) < _COUNT_BOUND
+    )
 
 
 def _check_tails(run: RunRecord, batch: FragmentBatch, columnar: bool) -> Iterator[Fault]:
@@ -265,7 +275,15 @@ def _pack_fragments(
     fast = batch.present is None and order == list(range(width))
     raw = f64_to_le_bytes(batch.values) if fast else b""
     tailed = {cell // m for cell in batch.tails} if m else set()
-    keys = zip(batch.steps, batch.ranks, batch.seqs, strict=True)
+    keys = list(zip(batch.steps, batch.ranks, batch.seqs, strict=True))
+    if fast and not tailed and not skip and len(set(keys)) == len(keys):
+        # the reporter's batch: each fragment once, its row already in the run's order
+        size = 8 * m
+        out.fragments.update(
+            (key, (raw[size * i : size * (i + 1)], None, None)) for i, key in enumerate(keys)
+        )
+        out.origin.update((key, i) for i, key in enumerate(keys))
+        return
     for i, key in enumerate(keys):
         if i in skip:
             continue

@@ -1,5 +1,7 @@
 """The hand-off to worker threads: the result comes back, errors too, a cancelled caller
-stops waiting while its work runs on, and the pool starts again after it is closed."""
+stops waiting while its work runs on, and the pool starts again after it is closed.
+``awaited``: a thread's future awaited on the loop, its result, error or cancellation
+carried over, and a waiter's cancellation never reaching the work."""
 
 from __future__ import annotations
 
@@ -7,12 +9,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 import pytest
 
-from steptally.service.api.handoff import THREADS, Handoff
+from steptally.service.api.handoff import THREADS, Handoff, awaited
 
 T = TypeVar("T")
 
@@ -83,3 +85,61 @@ def test_the_pool_starts_again_after_it_is_closed() -> None:
     handoff.close()  # twice is fine
     assert run(scenario) == 7
     handoff.close()
+
+
+def _settle_later(future: Future[int], delay: float, value: int | BaseException) -> None:
+    def settle() -> None:
+        time.sleep(delay)
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    threading.Thread(target=settle).start()
+
+
+def test_awaited_carries_a_result_set_on_another_thread() -> None:
+    async def scenario() -> int:
+        future: Future[int] = Future()
+        _settle_later(future, 0.05, 41)
+        return await awaited(future)
+
+    assert run(scenario) == 41
+
+
+def test_awaited_carries_an_error_and_a_future_already_done() -> None:
+    async def scenario() -> int:
+        failing: Future[int] = Future()
+        _settle_later(failing, 0.02, KeyError("gone"))
+        with pytest.raises(KeyError, match="gone"):
+            await awaited(failing)
+        done: Future[int] = Future()
+        done.set_result(5)
+        return await awaited(done)
+
+    assert run(scenario) == 5
+
+
+def test_awaited_a_cancelled_future_cancels_the_waiter() -> None:
+    async def scenario() -> None:
+        future: Future[int] = Future()
+        waiter = awaited(future)
+        assert future.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+
+    run(scenario)
+
+
+def test_a_cancelled_waiter_leaves_the_future_to_its_thread() -> None:
+    async def scenario() -> Future[int]:
+        future: Future[int] = Future()
+        _settle_later(future, 0.2, 9)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):
+                await awaited(future)
+        assert not future.cancelled()  # the work is not told to stop
+        return future
+
+    future = run(scenario)  # its loop has closed by the time the thread settles it
+    assert future.result(timeout=2) == 9

@@ -173,3 +173,65 @@ def test_an_empty_object_is_not_an_empty_list(key: str) -> None:
     assert decode_batch({key: None}).commits == []  # null: left out
     with pytest.raises(WireError, match="must be a list"):
         decode_batch({key: {}})
+
+
+def _columnar(**fields: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "metrics": ["a"],
+        "step": [0, 1, 2],
+        "rank": [0, 0, 0],
+        "seq": [0, 0, 0],
+        "values": base64.b64encode(struct.pack("<3d", 1.0, 2.0, 3.0)).decode(),
+    }
+    return {"columnar": {**base, **fields}}
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2**63, 1.0, "1", None])
+@pytest.mark.parametrize("column", ["step", "rank", "seq"])
+def test_a_bad_compact_integer_names_its_entry(column: str, bad: object) -> None:
+    with pytest.raises(WireError) as info:
+        decode_batch(_columnar(**{column: [0, 1, bad]}))
+    assert info.value.where == f"columnar.{column}[2]"
+
+
+def test_the_largest_compact_integer_is_taken() -> None:
+    assert decode_batch(_columnar(step=[0, 2**63 - 1, 5])).steps == [0, 2**63 - 1, 5]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "says"),
+    [
+        (["a", 1], "must be a list of metric names"),
+        (["a", {"b": 1}], "must be a list of metric names"),
+        (["a", "b c"], "is not a valid metric name"),
+        (["a", "b", "a"], "names a metric twice"),
+    ],
+)
+def test_bad_metric_names_are_refused_even_after_a_good_list(
+    metrics: list[object], says: str
+) -> None:
+    raw = base64.b64encode(bytes(8 * 3 * len(metrics))).decode()
+    good = ["a", "b", "c"][: len(metrics)]
+    assert decode_batch(_columnar(metrics=good, values=raw)).metrics == good  # remembered
+    assert decode_batch(_columnar(metrics=good, values=raw)).metrics == good
+    with pytest.raises(WireError, match=says) as info:
+        decode_batch(_columnar(metrics=metrics, values=raw))
+    assert info.value.where == "columnar.metrics"
+
+
+@given(st.lists(st.sampled_from([math.inf, -math.inf, 1.0, -2.5, 1e308, math.nan]), max_size=12))
+def test_only_nan_is_canonicalised_among_infinities_and_overflowing_sums(
+    values: list[float],
+) -> None:
+    odd_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0123))[0]
+    sent = [odd_nan if math.isnan(v) else v for v in values]
+    raw = b"".join(struct.pack("<d", v) for v in sent)
+    body = _columnar(
+        step=[0] * len(sent),
+        rank=[0] * len(sent),
+        seq=list(range(len(sent))),
+        values=base64.b64encode(raw).decode(),
+    )
+    got = decode_batch(body).values.tobytes()
+    want = b"".join(struct.pack("<d", math.nan if math.isnan(v) else v) for v in sent)
+    assert got == want
