@@ -135,6 +135,11 @@ class Commit(Base):
     fragments: Mapped[int] = mapped_column(BigInteger)
 
 
+#: PostgreSQL keeps a row's wide values in the row up to a page's worth (migration
+#: 0010): a reporter's bundle (2 kB for 8 × 32 float64) and partial state stay inline
+_ROWS_INLINE = {"postgresql_with": {"toast_tuple_target": 8160}}
+
+
 class Fragment(Base):
     """Fragments as they arrived: a row is one fragment (``seqs`` null) or a *bundle* of
     several full-width fragments of one (step, rank) that one batch brought (``seqs``:
@@ -143,6 +148,7 @@ class Fragment(Base):
     microbatch (:func:`steptally.service.domain.packing.bundled`)."""
 
     __tablename__ = "fragments"
+    __table_args__ = (_ROWS_INLINE,)
 
     run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -164,6 +170,7 @@ class Partial(Base):
     partial rows existed, which a finalisation then reads themselves."""
 
     __tablename__ = "partials"
+    __table_args__ = (_ROWS_INLINE,)
 
     run_id: Mapped[int] = mapped_column(ForeignKey(_RUN_FK, ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
