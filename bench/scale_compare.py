@@ -111,7 +111,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_yscale("log")
         plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        low, high = ax.get_ylim()  # within one decade the minor ticks are the only ones
+        minor = plain if high < 10 * low else matplotlib.ticker.NullFormatter()
+        ax.yaxis.set_minor_formatter(minor)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
         ax.set_title(title)
