@@ -227,7 +227,7 @@ _VALID_NAMES: dict[tuple[str, ...], None] = {}
 _VALID_NAMES_KEPT = 256
 
 
-def _check_names(metrics: list[object]) -> None:
+def _check_names(metrics: list[Any]) -> None:
     """Refuse a list of metric names that holds a non-string, an invalid name or one
     name twice."""
     if set(map(type, metrics)) - {str}:
@@ -236,13 +236,13 @@ def _check_names(metrics: list[object]) -> None:
     if key in _VALID_NAMES:
         return
     for name in metrics:
-        if not NAME_PATTERN.fullmatch(name):  # type: ignore[call-overload]
+        if not NAME_PATTERN.fullmatch(name):
             raise WireError("columnar.metrics", f"{name!r:.40} is not a valid metric name")
     if len(set(metrics)) != len(metrics):
         raise WireError("columnar.metrics", "names a metric twice")
     if len(_VALID_NAMES) >= _VALID_NAMES_KEPT:
         _VALID_NAMES.clear()
-    _VALID_NAMES[key] = None  # type: ignore[index]
+    _VALID_NAMES[key] = None
 
 
 def _decode_tails(data: object, batch: FragmentBatch) -> dict[int, tuple[float, ...]]:
