@@ -99,7 +99,7 @@ def decode_int(v: object, where: str, lo: int = 0) -> int:
 
 def canonical_nan(values: array[float]) -> None:
     """Every NaN of ``values`` as the one NaN (``math.nan``), whatever its payload."""
-    total = sum(values)  # a NaN among them makes it NaN (so may +inf with -inf)
+    total = sum(values)  # NaN if any is (or if +inf meets -inf: then none is replaced)
     if total != total:
         for i, v in enumerate(values):
             if v != v:
