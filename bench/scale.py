@@ -73,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import procstat
 from ingest import PG_ADMIN, bodies, database, free_port, spec  # the ingest benchmark's
 from loadgen import Blast, Job, Listener, blast, request
+from rank_axes import rank_axes
 
 MICROBATCHES = 8
 METRICS = 32
@@ -660,7 +661,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
-    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -691,16 +691,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         (wall, "wall time per value (µs), 2 shared cores"),
         (cpu, "CPU per value (µs): server + database, and client"),
     ):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticks(xs, [str(int(x)) for x in xs])
-        ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        rank_axes(ax, xs, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -17,9 +17,13 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rank_axes import rank_axes
 
 FIELDS = {
     "rank_steps_per_s": "rank-steps/s",
@@ -80,7 +84,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
     colours = {"sqlite": "tab:blue", "postgres": "tab:orange"}
@@ -107,18 +110,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         (rate, "rank-steps/s (higher is better), 2 shared cores"),
         (cpu, "server + database CPU per value, µs (lower is better)"),
     ):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        low, high = ax.get_ylim()  # within one decade the minor ticks are the only ones
-        minor = plain if high < 10 * low else matplotlib.ticker.NullFormatter()
-        ax.yaxis.set_minor_formatter(minor)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_xlabel("ranks (one body per rank-step: 8 microbatches × 32 metrics)")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        rank_axes(ax, xs, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
