@@ -22,7 +22,10 @@ Measured per row, in the same run:
   * VictoriaMetrics (``victoria-metrics``, Debian's package) beside every row: the
     same rank-steps by the same clients, each one ``POST`` of its 256 values to
     ``/api/v1/import/prometheus`` (one series per metric, rank and microbatch, the step
-    as the timestamp), every value counted back afterwards; and its own HTTP floor
+    as the timestamp), every value counted back afterwards; its CPU per value and the
+    machine's busy share over the same kind of window as the rows' (so a rate can be
+    told apart from an efficiency: a peer that fills both cores is CPU-bound, a store
+    that leaves them half idle is bound by its waits); and its own HTTP floor
     (``GET /health``);
   * finalise latency of each step: the ``time.monotonic()`` at which the step's event
     arrived on an event stream (``GET /v1/runs/bench/events``, a separate process,
@@ -127,6 +130,8 @@ COLUMNS = [
     "victoria_rank_steps_per_s",
     "victoria_ratio",
     "victoria_floor_ratio",
+    "victoria_cpu_us_per_value",
+    "victoria_busy_share",
     "finalise_p50_ms",
     "finalise_p99_ms",
     "completing_rtt_p50_ms",
@@ -405,9 +410,9 @@ def push_text(rank: int) -> bytes:
 
 
 @contextmanager
-def peer(args: list[str], ready: str) -> Iterator[None]:
-    """A peer process (``args``), yielded once ``ready`` (a URL) answers 200; stopped
-    with SIGTERM (on which the Pushgateway persists its groups) at the end."""
+def peer(args: list[str], ready: str) -> Iterator[int]:
+    """A peer process (``args``), its pid yielded once ``ready`` (a URL) answers 200;
+    stopped with SIGTERM (on which the Pushgateway persists its groups) at the end."""
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -420,7 +425,7 @@ def peer(args: list[str], ready: str) -> Iterator[None]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{args[0]} did not start")
             time.sleep(0.05)
-        yield
+        yield proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -486,7 +491,8 @@ def import_text(rank: int, step: int) -> bytes:
 
 
 @contextmanager
-def victoria(storage: Path) -> Iterator[int]:
+def victoria(storage: Path) -> Iterator[tuple[int, int]]:
+    """VictoriaMetrics on ``storage``: its port and pid."""
     port = free_port()
     args = [
         "victoria-metrics",
@@ -495,16 +501,28 @@ def victoria(storage: Path) -> Iterator[int]:
         "-retentionPeriod=100y",
         "-loggerLevel=ERROR",
     ]
-    with peer(args, f"http://127.0.0.1:{port}/health"):
-        yield port
+    with peer(args, f"http://127.0.0.1:{port}/health") as pid:
+        yield port, pid
 
 
-def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> tuple[float, float]:
-    """Rank-steps/s of VictoriaMetrics importing the same rank-steps as the ingest rows,
-    by the same clients (ranks dealt out alike, each client in step order); and its own
-    HTTP floor (``GET /health``, as many, same clients), requests/s."""
+@dataclass(frozen=True)
+class Victoria:
+    """VictoriaMetrics beside one row: rank-steps/s, its own HTTP floor (requests/s),
+    its CPU per value and the machine's busy share while it imported."""
+
+    rate: float
+    floor: float
+    cpu_us_per_value: float
+    busy_share: float
+
+
+def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> Victoria:
+    """VictoriaMetrics importing the same rank-steps as the ingest rows, by the same
+    clients (ranks dealt out alike, each client in step order), with its CPU over the
+    same window as the rows' (from the clients' release to the last answer); and its own
+    HTTP floor (``GET /health``, as many, same clients)."""
     texts = [[import_text(r, s) for r in range(ranks)] for s in range(steps)]
-    with tempfile.TemporaryDirectory() as d, victoria(Path(d)) as port:
+    with tempfile.TemporaryDirectory() as d, victoria(Path(d)) as (port, pid):
         jobs = []
         for i in range(args.clients):
             mine = range(i, ranks, args.clients)
@@ -516,7 +534,14 @@ def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> tuple[flo
             ]
             warm = [request("POST", port, path, import_text(ranks + i, -1), kind="text")]
             jobs.append(Job(port, reqs, warmup=[request("GET", port, "/health")] * 3 + warm))
-        timed = blast(jobs)
+        start: dict[str, float] = {}
+
+        def counters() -> None:
+            start.update(cpu=procstat.cpu_s(pid), machine=procstat.machine_busy_s())
+
+        timed = blast(jobs, on_start=counters)
+        cpu_s = procstat.cpu_s(pid) - start["cpu"]
+        machine_s = procstat.machine_busy_s() - start["machine"]
         assert not timed.errors, timed.errors[:3]
         # every value is there: VictoriaMetrics's buffers flushed, then one count
         httpx.get(f"http://127.0.0.1:{port}/internal/force_flush").raise_for_status()
@@ -525,7 +550,12 @@ def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> tuple[flo
         health = request("GET", port, "/health")
         floor = blast([Job(port, [health] * len(j.requests), warmup=[health] * 3) for j in jobs])
         assert not floor.errors, floor.errors[:3]
-    return float(timed.done / timed.elapsed_s), float(floor.done / floor.elapsed_s)
+    return Victoria(
+        rate=float(timed.done / timed.elapsed_s),
+        floor=float(floor.done / floor.elapsed_s),
+        cpu_us_per_value=1e6 * cpu_s / (timed.done * VALUES_PER_BODY),
+        busy_share=machine_s / (timed.elapsed_s * (os.cpu_count() or 1)),
+    )
 
 
 def _vm_count(port: int, ranks: int, steps: int) -> int:
@@ -552,7 +582,7 @@ def measure(
     ranks: int,
     steps: int,
     pgw: float,
-    vm: tuple[float, float],
+    vm: Victoria,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     all_bodies = prepared(ranks, steps)
@@ -618,9 +648,11 @@ def measure(
         "floor_ratio": rate / floor_rate,
         "pushgateway_rank_steps_per_s": pgw,
         "pushgateway_ratio": rate / pgw,
-        "victoria_rank_steps_per_s": vm[0],
-        "victoria_ratio": rate / vm[0],
-        "victoria_floor_ratio": vm[0] / vm[1],
+        "victoria_rank_steps_per_s": vm.rate,
+        "victoria_ratio": rate / vm.rate,
+        "victoria_floor_ratio": vm.rate / vm.floor,
+        "victoria_cpu_us_per_value": vm.cpu_us_per_value,
+        "victoria_busy_share": vm.busy_share,
         "finalise_p50_ms": pct(latency, 50),
         "finalise_p99_ms": pct(latency, 99),
         "completing_rtt_p50_ms": pct(rtt, 50),
@@ -687,6 +719,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         vms.setdefault(r["ranks"], []).append(r["victoria_rank_steps_per_s"])
     vm = [1e6 / (float(np.median(vms[x])) * VALUES_PER_BODY) for x in xs]
     wall.plot(xs, vm, "D--", color="grey", label="VictoriaMetrics (median of its runs)")
+    vm_cpu: dict[int, list[float]] = {}
+    for r in rows:
+        vm_cpu.setdefault(r["ranks"], []).append(r["victoria_cpu_us_per_value"])
+    cpu.plot(
+        xs,
+        [float(np.median(vm_cpu[x])) for x in xs],
+        "D--",
+        color="grey",
+        label="VictoriaMetrics (median of its runs)",
+    )
     for ax, title in (
         (wall, "wall time per value (µs), 2 shared cores"),
         (cpu, "CPU per value (µs): server + database, and client"),
@@ -703,8 +745,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "| config | ranks × steps | rank-steps/s | values/s | µs/value | × HTTP floor "
         "| × Pushgateway | × VictoriaMetrics (its rank-steps/s) | finalise p50 / p99 ms "
         "| completing request p50 / p99 ms (median request) | server + db CPU µs/value "
-        "| client CPU µs/request | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| VictoriaMetrics CPU µs/value | client CPU µs/request | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -715,6 +757,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['finalise_p50_ms']:.1f} / {r['finalise_p99_ms']:.1f} "
             f"| {r['completing_rtt_p50_ms']:.0f} / {r['completing_rtt_p99_ms']:.0f} "
             f"({r['rtt_p50_ms']:.0f}) | {r['server_cpu_us_per_value']:.1f} "
+            f"| {r['victoria_cpu_us_per_value']:.1f} "
             f"| {r['client_cpu_us_per_request']:.0f} | {r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(out)
@@ -728,8 +771,10 @@ def progress(row: dict[str, Any]) -> None:
         f"Pushgateway, {row['victoria_ratio']:.2f}× VictoriaMetrics, finalise p50/p99 "
         f"{row['finalise_p50_ms']:.1f}/"
         f"{row['finalise_p99_ms']:.1f} ms, server {row['server_cpu_s']:.1f} s + db "
-        f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU, "
-        f"RSS {row['peak_rss_mb']:.0f} MB"
+        f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU "
+        f"({row['server_cpu_us_per_value']:.1f} µs/value against VictoriaMetrics' "
+        f"{row['victoria_cpu_us_per_value']:.1f}), machine "
+        f"{100 * row['machine_busy_share']:.0f} % busy, RSS {row['peak_rss_mb']:.0f} MB"
     )
 
 
@@ -765,8 +810,10 @@ def main(argv: list[str] | None = None) -> None:
             for workers in args.workers:
                 vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
                 log(
-                    f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm[0]:7.1f} rank-steps/s "
-                    f"({vm[0] / vm[1]:.2f} of its HTTP floor)"
+                    f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm.rate:7.1f} rank-steps/s "
+                    f"({vm.rate / vm.floor:.2f} of its HTTP floor), "
+                    f"{vm.cpu_us_per_value:.1f} µs CPU/value, machine "
+                    f"{100 * vm.busy_share:.0f} % busy"
                 )
                 row = measure(CONFIGS[name].with_workers(workers), ranks, steps, pgw, vm, args)
                 rows.append(row)

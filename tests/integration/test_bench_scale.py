@@ -37,6 +37,8 @@ POSITIVE = [
     "victoria_rank_steps_per_s",
     "victoria_ratio",
     "victoria_floor_ratio",
+    "victoria_cpu_us_per_value",
+    "victoria_busy_share",
     "completing_rtt_p50_ms",
     "completing_rtt_p99_ms",
     "rtt_p50_ms",
