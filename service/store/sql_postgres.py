@@ -65,14 +65,19 @@ class PostgresDialect:
         return contextlib.nullcontext()  # writers meet on the pairs and rows they lock
 
     def writer_connection(self, conn: Connection) -> Connection:
-        """A writer's connection plans no sequential scans. Its statements are key
-        lookups, prepared once per connection; a plan psycopg prepared while a run's
-        tables were small (a sequential scan is cheapest then) would otherwise stay for
-        the connection's life and read the whole table for every pair as it grows —
-        measured at 4096 ranks: 14 ms of database CPU a batch instead of 0.6."""
+        """A writer's connection plans each prepared statement once, and never a
+        sequential scan. Left to choose, PostgreSQL planned the pipeline's statements
+        anew at every execution (a plan for the actual arrays always looked cheaper than
+        the generic one): a fifth of its CPU a body at 256 ranks (bench/README.md,
+        Scale). Its statements are key lookups, written so that a plan made for any
+        parameters is one too; and a plan made while a run's tables were small (a
+        sequential scan is cheapest then) would otherwise read the whole table for every
+        pair as they grow — measured at 4096 ranks: 14 ms of database CPU a batch
+        instead of 0.6."""
         driver = conn.connection.driver_connection
         assert driver is not None
         driver.execute("SET enable_seqscan = off")
+        driver.execute("SET plan_cache_mode = force_generic_plan")
         driver.commit()
         return conn
 
@@ -102,7 +107,9 @@ class PostgresDialect:
             if savepoint is not None:
                 driver.execute(f"SAVEPOINT {savepoint}")
             driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-            read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()})
+            # planned for its arrays each time (never prepared: a plan made once, for any
+            # steps, may read the run's steps through another index of theirs)
+            read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()}, prepare=False)
             found.execute(PIPELINE.pairs_of, pair_params)
         stored: set[tuple[int, int, int]] = set()
         commits: dict[CommitKey, int] = {}

@@ -160,7 +160,9 @@ _PAIRS = (
 def _pairs_of() -> str:
     """What a batch's probe reads of each (step, rank) pair of :func:`pairs_params`, in
     one statement, one key lookup a table (``LATERAL``: a join would plan for a hundred
-    pairs and read whole tables): the fragments its commit declared, its partial row's
+    pairs and read whole tables; ``OFFSET 0`` keeps the planner from turning the lookups
+    back into joins, which a plan made once for any pairs did: it hashed every commit
+    and partial row of the run): the fragments its commit declared, its partial row's
     fragments and state, and the key seq and seqs of each of its fragments rows (two
     arrays in key order); nulls where it has none."""
 
@@ -171,9 +173,10 @@ def _pairs_of() -> str:
     return (
         "SELECT p.step, p.rank, c.fragments, t.fragments, t.state, f.keys, f.bundles "
         f"FROM {_PAIRS} "
-        f"LEFT JOIN LATERAL (SELECT fragments FROM commits AS c WHERE {pair('c')}) AS c ON true "
+        f"LEFT JOIN LATERAL (SELECT fragments FROM commits AS c WHERE {pair('c')} OFFSET 0) "
+        "AS c ON true "
         "LEFT JOIN LATERAL (SELECT fragments, state FROM partials AS t "
-        f"WHERE {pair('t')}) AS t ON true "
+        f"WHERE {pair('t')} OFFSET 0) AS t ON true "
         "LEFT JOIN LATERAL (SELECT array_agg(f.seq ORDER BY f.seq) AS keys, "
         "array_agg(f.seqs ORDER BY f.seq) AS bundles FROM fragments AS f "
         f"WHERE t.fragments IS NOT NULL AND {pair('f')}) AS f ON true"

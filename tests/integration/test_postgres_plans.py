@@ -1,69 +1,188 @@
-"""PostgreSQL's ingest reads look each (step, rank) pair up by its key, whatever the
-tables held when the plan was made. psycopg prepares a statement after a few runs, and
-a plan made while a run's tables were empty (a sequential scan is cheapest then) would
-stay for the connection's life: at 4096 ranks it read whole tables for every pair,
-14 ms of database CPU a batch (bench/README.md, Scale)."""
+"""PostgreSQL's ingest reads look each step and each (step, rank) pair up by its key,
+whatever the tables held when the plan was made.
+
+A writer's connection plans each statement once (``plan_cache_mode =
+force_generic_plan``): PostgreSQL otherwise planned the pipeline's statements anew at
+every execution, a fifth of its CPU a body at 256 ranks, because a plan made for the
+actual arrays always looked cheaper than the generic one. A generic plan knows no
+parameter, so the pairs read is written so that it can only be key lookups: its
+subqueries behind ``OFFSET 0`` (a generic plan of the plain joins hashed every commit and
+partial row of the run); the steps read, whose generic plan may take the steps' status
+index, is planned for its arrays each time. And no plan reads a table sequentially
+(``enable_seqscan = off``): a plan made while a run's tables were empty would otherwise
+stay for the connection's life and, at 4096 ranks, read whole tables for every pair
+(bench/README.md, Scale).
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from steptally.service.app import create_app
+from steptally.service.settings import Settings
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_statement import PIPELINE, pairs_params
 
 pytestmark = pytest.mark.postgres
 
+RANKS = 256
 
-@pytest.fixture
-def writer(postgres_url: str) -> Iterator[psycopg.Connection]:
-    """A writer's connection, set up as the store sets it up, over empty, analysed
-    tables (what a new database's first batches meet)."""
+
+def _fill(driver: psycopg.Connection, steps: int) -> None:
+    """``steps`` steps of run 1, every rank committed, a partial row and a fragments row
+    each (what a run's tables hold after a while), plus another run's."""
+    for run in (1, 2):
+        driver.execute(
+            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
+            "received, missing_ranks, first_seen_at, deadline) "
+            "SELECT %s, s, 'complete', 1, %s, 8 * %s, 8 * %s, 0, 0, 60 "
+            "FROM generate_series(0, %s - 1) AS s",
+            (run, RANKS, RANKS, RANKS, steps),
+        )
+        for table, extra, values in (
+            ("commits", "fragments", "8"),
+            ("partials", "fragments, state", "8, '\\x00'::bytea"),
+            ("fragments", "seq, values_f64", "0, '\\x00'::bytea"),
+        ):
+            driver.execute(
+                f"INSERT INTO {table} (run_id, step, rank, {extra}) "
+                f"SELECT %s, s, r, {values} "
+                "FROM generate_series(0, %s - 1) AS s, generate_series(0, %s - 1) AS r",
+                (run, steps, RANKS),
+            )
+
+
+@pytest.fixture(params=[0, 24], ids=["empty tables", "a run's worth of rows"])
+def writer(postgres_url: str, request: pytest.FixtureRequest) -> Iterator[psycopg.Connection]:
+    """A writer's connection, set up as the store sets it up, over analysed tables that
+    are empty (what a new database's first batches meet) or hold two runs' rows."""
     from tests.integration.conftest import _empty
 
     _empty(postgres_url)
     engine = make_engine(postgres_url)
     try:
         with engine.connect() as conn:
-            dialect_for(engine).writer_connection(conn)
             driver = conn.connection.driver_connection
             assert isinstance(driver, psycopg.Connection)
-            driver.execute(
-                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
-                "VALUES (1, 'r', 256, '{}', 60, 0)"
-            )
+            for run in (1, 2):
+                driver.execute(
+                    "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                    "VALUES (%s, %s, %s, '{}', 60, 0)",
+                    (run, f"r{run}", RANKS),
+                )
+            _fill(driver, request.param)
             driver.execute("ANALYZE")
             driver.commit()
+            dialect_for(engine).writer_connection(conn)
             yield driver
             driver.rollback()
     finally:
         engine.dispose()
 
 
-def test_the_pairs_read_is_one_key_lookup_a_table_in_a_plan_made_on_empty_tables(
+def _generic_plan(
+    driver: psycopg.Connection, text: str, names: tuple[str, ...], args: tuple[Any, ...]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """``text`` prepared as the writer's connection prepares it (its plan then made once,
+    for any parameters): the plan and the rows for ``args``."""
+    for i, name in enumerate(names, start=1):
+        text = text.replace(f"%({name})b", f"${i}")
+    assert not re.search(r"%\(\w+\)b", text), text
+    driver.execute("SET plan_cache_mode = force_generic_plan")  # as a writer's, whatever it is
+    driver.execute(f"PREPARE probe_read AS {text}")
+    try:
+        literal = psycopg.ClientCursor(driver)  # EXPLAIN EXECUTE takes no bound parameters
+        call = f"probe_read({', '.join(['%s'] * len(args))})"
+        plan = [r[0] for r in literal.execute(f"EXPLAIN EXECUTE {call}", args)]
+        rows = literal.execute(f"EXECUTE {call}", args).fetchall()
+    finally:
+        driver.execute("DEALLOCATE probe_read")
+    return plan, rows
+
+
+def _scans(plan: list[str]) -> list[tuple[str, str]]:
+    """Every table or index a plan reads: (how, the index it names, else the table)."""
+    out = []
+    for line in plan:
+        found = re.search(
+            r"((?:Bitmap Heap|Bitmap Index|Index Only|Index|Seq) Scan)(?: using (\S+))? on (\S+)",
+            line,
+        )
+        if found:
+            out.append((found[1], found[2] or found[3]))
+    return out
+
+
+def test_a_writer_plans_its_statements_once_and_never_sequentially(
     writer: psycopg.Connection,
 ) -> None:
-    text = PIPELINE.pairs_of
-    for i, name in enumerate(("step", "rank", "run"), start=1):
-        text = text.replace(f"%({name})b", f"${i}")
+    assert writer.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    assert writer.execute("SHOW enable_seqscan").fetchone() == ("off",)
+
+
+def test_the_pairs_read_is_one_key_lookup_a_table_in_its_generic_plan(
+    writer: psycopg.Connection,
+) -> None:
     params = pairs_params(1, [(3, 5), (3, 6), (7, 255)])
-    args = (params["step"], params["rank"], params["run"])
-    writer.execute("SET plan_cache_mode = force_generic_plan")  # the plan kept once prepared
-    writer.execute(f"PREPARE pair_read AS {text}")
-    try:
-        literal = psycopg.ClientCursor(writer)  # EXPLAIN EXECUTE takes no bound parameters
-        plan = [r[0] for r in literal.execute("EXPLAIN EXECUTE pair_read(%s, %s, %s)", args)]
-        rows = literal.execute("EXECUTE pair_read(%s, %s, %s)", args).fetchall()
-    finally:
-        writer.execute("DEALLOCATE pair_read")
+    plan, rows = _generic_plan(
+        writer,
+        PIPELINE.pairs_of,
+        ("step", "rank", "run"),
+        (params["step"], params["rank"], params["run"]),
+    )
     assert sorted(tuple(r[:2]) for r in rows) == [(3, 5), (3, 6), (7, 255)]
-    assert not [line for line in plan if "Seq Scan" in line], plan
-    scans = [line.split(" on ")[1].split()[0] for line in plan if "Index Scan" in line]
-    assert sorted(scans) == ["commits", "fragments", "partials"], plan
+    assert sorted(_scans(plan)) == [
+        ("Index Scan", "commits_pkey"),
+        ("Index Scan", "fragments_pkey"),
+        ("Index Scan", "partials_pkey"),
+    ], plan
+    assert not [line for line in plan if "Hash" in line or "Merge" in line], plan
+
+
+def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_read_anew(
+    postgres_url: str,
+) -> None:
+    """The steps read runs unprepared: its plan made once may read the run's steps
+    through another of their indexes (on empty tables PostgreSQL takes the status index,
+    whose range for a run holds every step), so it is planned for its arrays each time."""
+    from tests.integration.conftest import _empty
+
+    _empty(postgres_url)
+    names = ["loss", "kl"]
+    app = create_app(Settings(database_url=postgres_url), sweep=False)
+    with TestClient(app) as client:
+        spec = {"name": "prep", "world_size": 2, "metrics": dict.fromkeys(names, "sum")}
+        assert client.post("/v1/runs", json=spec).status_code == 201
+        for step in range(8):  # one group at a time: psycopg prepares from the 5th run
+            for rank in range(2):
+                body = {
+                    "fragments": [
+                        {"step": step, "rank": rank, "seq": 0, "values": {"loss": 1.0, "kl": 2.0}}
+                    ],
+                    "commits": [{"step": step, "rank": rank, "fragments": 1}],
+                }
+                answer = client.post("/v1/runs/prep/fragments", json=body)
+                assert answer.status_code == 200, answer.text
+        store = app.state.store
+        held = list(store._held)  # the writers' own connections
+        assert held
+        prepared = set()
+        for conn in held:
+            driver = conn.connection.driver_connection
+            texts = driver.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+            prepared.update(t for (t,) in texts)
+    assert any("pg_advisory_xact_lock" in t for t in prepared), prepared
+    assert any("LEFT JOIN LATERAL" in t for t in prepared), prepared  # the pairs read
+    assert any(t.startswith("WITH f AS (INSERT INTO fragments") for t in prepared), prepared
+    assert not [t for t in prepared if "step = ANY(" in t], prepared  # the steps read
 
 
 def test_other_connections_keep_the_planner_as_it_is(postgres_url: str) -> None:
@@ -71,5 +190,6 @@ def test_other_connections_keep_the_planner_as_it_is(postgres_url: str) -> None:
     try:
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SHOW enable_seqscan").scalar() == "on"
+            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "auto"
     finally:
         engine.dispose()
