@@ -1,7 +1,9 @@
 """Before and after: several ``bench/scale.py`` CSVs of two versions, as one table and plot.
 
-Each CSV is labelled with its version (``before=path`` or ``after=path``; run them
-interleaved, as rounds, so that the machine's drift falls on both). Per version,
+Each CSV is labelled with its version (``before=path`` or ``after=path``, or any two
+names, such as ``threads=path`` and ``process=path``: the first name given is drawn
+hollow, the second filled; run them interleaved, as rounds, so that the machine's drift
+falls on both). Per version,
 configuration and rank count it takes the median over the CSVs of: rank-steps/s, the
 ratio to VictoriaMetrics measured beside that row, the ratio to the HTTP floor, server
 + database CPU per value and the finalise p99; every row's ``steps_exact`` must equal
@@ -60,10 +62,10 @@ def medians(data: dict[tuple[str, str, int], dict[str, list[float]]]) -> list[di
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]], versions: list[str]) -> str:
     head = "| config | ranks | version | runs | " + " | ".join(FIELDS.values()) + " |"
     out = [head, "|" + "---|" * (4 + len(FIELDS))]
-    for r in sorted(rows, key=lambda r: (r["config"], r["ranks"], r["version"] != "before")):
+    for r in sorted(rows, key=lambda r: (r["config"], r["ranks"], versions.index(r["version"]))):
         cells = [
             f"{r['rank_steps_per_s']:.0f}",
             f"{r['victoria_ratio']:.2f} ({r['victoria']:.0f})",
@@ -79,7 +81,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +90,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
     colours = {"sqlite": "tab:blue", "postgres": "tab:orange"}
     for config in sorted({r["config"] for r in rows}):
-        for version, style in (("before", "o:"), ("after", "o-")):
+        for version, (style, face) in zip(versions, (("o:", "none"), ("s-", None)), strict=False):
             mine = sorted(
                 (r for r in rows if r["config"] == config and r["version"] == version),
                 key=lambda r: r["ranks"],
@@ -98,14 +100,26 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             colour = colours.get(config.split()[0])
             x = [r["ranks"] for r in mine]
             label = f"{config}, {version}"
-            for ax, field in ((rate, "rank_steps_per_s"), (cpu, "server_cpu_us_per_value")):
-                ax.plot(x, [r[field] for r in mine], style, color=colour, label=label)
+            for ax, field, fmt in (
+                (rate, "rank_steps_per_s", "{:,.0f}"),
+                (cpu, "server_cpu_us_per_value", "{:.1f}"),
+            ):
+                y = [r[field] for r in mine]
+                ax.plot(x, y, style, color=colour, markerfacecolor=face, label=label)
+                for xi, yi in zip(x, y, strict=True):  # before hollow, after filled: and the value
+                    ax.annotate(fmt.format(yi), (xi, yi), xytext=(6, 0),
+                                textcoords="offset points", va="center", fontsize=8,
+                                color=colour)  # fmt: skip
     vm: dict[int, list[float]] = defaultdict(list)
     for r in rows:
         vm[r["ranks"]].append(r["victoria"])
     xs = sorted(vm)
-    rate.plot(xs, [statistics.median(vm[x]) for x in xs], "D--", color="grey",
+    vm_rate = [statistics.median(vm[x]) for x in xs]
+    rate.plot(xs, vm_rate, "D--", color="grey",
               label="VictoriaMetrics (median beside the rows)")  # fmt: skip
+    for xi, yi in zip(xs, vm_rate, strict=True):
+        rate.annotate(f"{yi:,.0f}", (xi, yi), xytext=(6, 0), textcoords="offset points",
+                      va="center", fontsize=8, color="grey")  # fmt: skip
     for ax, title in (
         (rate, "rank-steps/s (higher is better), 2 shared cores"),
         (cpu, "server + database CPU per value, µs (lower is better)"),
@@ -118,9 +132,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("csvs", nargs="+", help="before=PATH or after=PATH")
+    p.add_argument("csvs", nargs="+", help="before=PATH or after=PATH (or two other names)")
     p.add_argument("--out", type=Path, required=True, help="PATH.csv, PATH.png, PATH.md")
     args = p.parse_args()
+    versions = list(dict.fromkeys(item.split("=", 1)[0] for item in args.csvs))
+    if len(versions) != 2:
+        p.error(f"two versions to compare, not {len(versions)}: {', '.join(versions)}")
     rows = medians(read(args.csvs))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w", newline="") as f:
@@ -128,8 +145,8 @@ def main() -> None:
         w.writeheader()
         for row in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-    plot(rows, args.out.with_suffix(".png"))
-    table = markdown(rows)
+    plot(rows, versions, args.out.with_suffix(".png"))
+    table = markdown(rows, versions)
     args.out.with_suffix(".md").write_text(table + "\n")
     print(table)
 
