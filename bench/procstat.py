@@ -20,16 +20,17 @@ def cpu_s(pid: int) -> float:
 
 def family(pid: int) -> list[int]:
     """``pid`` and every process below it (``serve --workers N``: the supervisor and
-    its workers)."""
+    its workers), whichever of a process's threads started them."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
-        try:
-            found = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        todo.extend(int(c) for c in found)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                found = (task / "children").read_text().split()
+            except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+                continue  # the thread (or the process) ended meanwhile
+            todo.extend(int(c) for c in found)
     return out
 
 

@@ -1,0 +1,47 @@
+"""``bench/procstat.py``: a process's family holds the children any of its threads
+started (a server that starts a helper process from a worker thread), and CPU is read
+from /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+import procstat
+
+
+def test_the_family_holds_children_started_by_any_thread() -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    release = threading.Event()
+
+    def start_one() -> None:  # a worker thread starts a child, and stays alive
+        started.append(subprocess.Popen(["sleep", "30"]))
+        release.wait(30)
+
+    worker = threading.Thread(target=start_one)
+    worker.start()
+    main_child = subprocess.Popen(["sleep", "30"])
+    try:
+        while not started:
+            threading.Event().wait(0.01)
+        family = procstat.family(os.getpid())
+        assert sorted(family) == sorted([os.getpid(), main_child.pid, started[0].pid])
+    finally:
+        release.set()
+        worker.join()
+        for child in (main_child, *started):
+            child.kill()
+            child.wait()
+
+
+def test_cpu_seconds_grow_with_work_and_are_zero_once_gone() -> None:
+    before = procstat.cpu_s(os.getpid())
+    sum(i * i for i in range(2_000_000))
+    assert procstat.cpu_s(os.getpid()) > before
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert procstat.cpu_s(gone.pid) == 0.0
