@@ -28,8 +28,9 @@ def test_the_family_holds_children_started_by_any_thread() -> None:
     try:
         while not started:
             threading.Event().wait(0.01)
-        family = procstat.family(os.getpid())
-        assert sorted(family) == sorted([os.getpid(), main_child.pid, started[0].pid])
+        family = procstat.family(os.getpid())  # with whatever else this process runs
+        assert {os.getpid(), main_child.pid, started[0].pid} <= set(family)
+        assert len(family) == len(set(family))
     finally:
         release.set()
         worker.join()
