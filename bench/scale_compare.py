@@ -81,6 +81,13 @@ def markdown(rows: list[dict[str, Any]], versions: list[str]) -> str:
     return "\n".join(out)
 
 
+def _values(ax: Any, x: list[int], y: list[float], fmt: str, colour: str | None) -> None:
+    """Each point's value written beside it."""
+    for xi, yi in zip(x, y, strict=True):
+        ax.annotate(fmt.format(yi), (xi, yi), xytext=(6, 0), textcoords="offset points",
+                    va="center", fontsize=8, color=colour)  # fmt: skip
+
+
 def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
     import matplotlib
 
@@ -90,7 +97,7 @@ def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
     fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
     colours = {"sqlite": "tab:blue", "postgres": "tab:orange"}
     for config in sorted({r["config"] for r in rows}):
-        for version, (style, face) in zip(versions, (("o:", "none"), ("s-", None)), strict=False):
+        for version, (style, face) in zip(versions, (("o:", "none"), ("s-", None)), strict=True):
             mine = sorted(
                 (r for r in rows if r["config"] == config and r["version"] == version),
                 key=lambda r: r["ranks"],
@@ -106,10 +113,7 @@ def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
             ):
                 y = [r[field] for r in mine]
                 ax.plot(x, y, style, color=colour, markerfacecolor=face, label=label)
-                for xi, yi in zip(x, y, strict=True):  # before hollow, after filled: and the value
-                    ax.annotate(fmt.format(yi), (xi, yi), xytext=(6, 0),
-                                textcoords="offset points", va="center", fontsize=8,
-                                color=colour)  # fmt: skip
+                _values(ax, x, y, fmt, colour)
     vm: dict[int, list[float]] = defaultdict(list)
     for r in rows:
         vm[r["ranks"]].append(r["victoria"])
@@ -117,9 +121,7 @@ def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
     vm_rate = [statistics.median(vm[x]) for x in xs]
     rate.plot(xs, vm_rate, "D--", color="grey",
               label="VictoriaMetrics (median beside the rows)")  # fmt: skip
-    for xi, yi in zip(xs, vm_rate, strict=True):
-        rate.annotate(f"{yi:,.0f}", (xi, yi), xytext=(6, 0), textcoords="offset points",
-                      va="center", fontsize=8, color="grey")  # fmt: skip
+    _values(rate, xs, vm_rate, "{:,.0f}", "grey")
     for ax, title in (
         (rate, "rank-steps/s (higher is better), 2 shared cores"),
         (cpu, "server + database CPU per value, µs (lower is better)"),

@@ -37,8 +37,8 @@ RANKS = 256
 
 
 def _fill(driver: psycopg.Connection, steps: int) -> None:
-    """``steps`` steps of run 1, every rank committed, a partial row and a fragments row
-    each (what a run's tables hold after a while), plus another run's."""
+    """``steps`` steps of runs 1 and 2, every rank committed, with a partial row and a
+    fragments row each (what a run's tables hold after a while)."""
     for run in (1, 2):
         driver.execute(
             "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
