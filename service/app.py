@@ -26,10 +26,12 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 
 from steptally.service.api import docs, errors, events, fragments, health, runs, steps
 from steptally.service.api.deadline import RequestDeadline
 from steptally.service.api.docs import declare_bearer, describe_limits
+from steptally.service.api.front import App
 from steptally.service.api.handoff import Handoff
 from steptally.service.api.instrument import RequestMetrics
 from steptally.service.api.limits import BodyBudget, RequestLimits
@@ -53,7 +55,7 @@ def create_app(
     store: Store | None = None,
     clock: Callable[[], float] = time.time,
     sweep: bool = True,
-) -> FastAPI:
+) -> App:
     """Build the service over ``store`` (None: the one ``settings`` describe); the app
     closes it at shutdown. ``clock`` and ``sweep=False`` exist for tests."""
     store = store if store is not None else open_store(settings)
@@ -92,7 +94,7 @@ def create_app(
             if tokens is not None:
                 tokens.close()
 
-    app = FastAPI(
+    app = App(
         title="Steptally",
         version="1",
         lifespan=lifespan,
@@ -108,15 +110,19 @@ def create_app(
     app.state.handoff = handoff
     app.state.body_budget = BodyBudget(settings.max_inflight_body_bytes, settings.body_wait_s)
     errors.install(app)
-    app.add_middleware(RequestLimits, settings=settings)  # content type and body size
-    app.add_middleware(Guard, tokens=tokens, limiter=limiter_of(settings))  # inside the metrics
+    layers = [  # innermost first; the ingest lane goes through the same ones (front.py)
+        Middleware(RequestLimits, settings=settings),  # content type and body size
+        Middleware(Guard, tokens=tokens, limiter=limiter_of(settings)),  # one limiter
+        Middleware(RequestDeadline, seconds=settings.request_timeout_s),
+        Middleware(RequestMetrics, telemetry=telemetry),
+    ]
+    for layer in layers:
+        app.add_middleware(layer.cls, *layer.args, **layer.kwargs)
     describe_limits(app, settings.max_world_size, settings.max_step_timeout_s)
     if tokens is not None:
         declare_bearer(app)
-    app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
-    app.add_middleware(RequestMetrics, telemetry=telemetry)
     for module in (runs, fragments, steps, events, health, docs):
         app.include_router(module.router)
-    app.router.routes.insert(0, fragments.lane(fragments.router.routes))  # the common ingest
+    app.serve_lane(fragments.lane(fragments.router.routes), layers)  # the common ingest
     dashboard.install(app)
     return app

@@ -6,14 +6,15 @@ the next group while the request waits on the event loop, and the answer is sent
 after the commit.
 ``?partial=true`` stores what is right and lists the wrong items in ``rejected``.
 
-Two doors lead to the same work (:func:`ingest`). :class:`IngestLane`, first among
-the app's routes, takes the requests the reporter sends — a run name that matches the
-contract's pattern, no query or ``partial=true|false`` — and serves them as plain
-ASGI: no dependency solving, no parameter models, the answer's bytes sent as they
-are. Anything else (a run name that does not match, another query) goes on to the
-FastAPI route below, which validates it as before and is the one ``/openapi.json``
-documents. Errors are raised, not answered, on both doors, so the app's exception
-handlers (``service/api/errors.py``) answer them alike.
+Two doors lead to the same work (:func:`ingest`). :class:`IngestLane`, which the app
+serves ahead of FastAPI (``service/api/front.py``), takes the requests the reporter
+sends — a run name that matches the contract's pattern, no query or
+``partial=true|false`` — and serves them as plain ASGI: no dependency solving, no
+parameter models, the answer's bytes sent as they are. Anything else (a run name
+that does not match, another query) goes on to the FastAPI route below, which
+validates it as before and is the one ``/openapi.json`` documents. Errors are raised,
+not answered, on both doors, so the app's exception handlers
+(``service/api/errors.py``) answer them alike.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class IngestLane(BaseRoute):
 
 
 def lane(routes: list[BaseRoute]) -> IngestLane:
-    """The lane in front of the FastAPI route of ``PATH`` among ``routes``."""
+    """The lane of the FastAPI route of ``PATH`` among ``routes``."""
     for route in routes:
         if getattr(route, "path", None) == PATH:
             return IngestLane(route)

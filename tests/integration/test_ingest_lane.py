@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from steptally.client.wire import Commit, FragmentBatch, encode_columnar
 from steptally.service.api import fragments
 from steptally.service.api.fragments import IngestLane
+from steptally.service.api.front import App
 
 JSON = {"content-type": "application/json"}
 GZIP = {**JSON, "content-encoding": "gzip"}
@@ -25,7 +26,8 @@ SETTINGS = {"max_body_bytes": 4096, "body_wait_s": 0.05}
 
 
 def _lane(app: FastAPI) -> IngestLane:
-    lane = app.router.routes[0]
+    assert isinstance(app, App)
+    lane = app.lane
     assert isinstance(lane, IngestLane)
     return lane
 
@@ -156,7 +158,8 @@ def test_the_lane_answers_every_request_as_the_fastapi_route_does(
 
     empty_database(db_url)
     general, general_client = make_client(**SETTINGS)
-    general.router.routes.remove(_lane(general))
+    assert isinstance(general, App)
+    general.close_lane()
     through_route = _answers(general_client, _busy(general))
     assert len(through_lane) == len(through_route) == len(REQUESTS) + 2
     labels = [f"{i}: {path}" for i, (path, *_) in enumerate(REQUESTS)] + ["busy", "get"]
@@ -188,3 +191,57 @@ def test_the_lanes_answer_is_the_documented_json(api: Any, query: str) -> None:
     if query:
         expected["rejected"] = []
     assert response.json() == expected
+
+
+def _requests_counted(client: TestClient, status: int) -> float:
+    route = 'route="/v1/runs/{run}/fragments"'
+    for line in client.get("/metrics").text.splitlines():
+        name = "steptally_http_request_duration_seconds_count{"
+        if line.startswith(name) and route in line and f'status="{status}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("lane_open", [True, False])
+def test_an_unexpected_failure_in_the_lane_is_500_json_counted_and_raised(
+    make_client: Any, monkeypatch: pytest.MonkeyPatch, lane_open: bool
+) -> None:
+    """Both doors alike: 500 ``internal`` JSON, counted as a 500 of the route by the
+    request metrics, and the exception raised on for the server's log."""
+    app, client = make_client()
+    assert isinstance(app, App)
+    if not lane_open:
+        app.close_lane()
+    spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
+    assert client.post("/v1/runs", json=spec).status_code == 201
+
+    def fail(*_: Any, **__: Any) -> None:
+        raise RuntimeError("boom " * 1000)
+
+    monkeypatch.setattr(app.state.service.ingest, "prepare", fail)
+    body = _rows((0, 0, 0, {"a": 1.0}))
+    with pytest.raises(RuntimeError, match="boom"):
+        client.post("/v1/runs/r/fragments", content=body, headers=JSON)
+    with TestClient(app, raise_server_exceptions=False) as quiet:
+        response = quiet.post("/v1/runs/r/fragments", content=body, headers=JSON)
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["code"] == "internal" and "boom" not in error["message"]
+        assert _requests_counted(quiet, 500) == 2
+
+
+def test_both_doors_draw_on_one_rate_limit(make_client: Any) -> None:
+    """The lane's guard is built from the app's own list with the same limiter: a
+    client's requests through either door come out of one bucket."""
+    _, client = make_client(rate_limit_per_s=0.001, rate_limit_burst=4)
+    spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
+    assert client.post("/v1/runs", json=spec).status_code == 201  # 1
+    body = _rows((0, 0, 0, {"a": 1.0}))
+    assert client.post("/v1/runs/r/fragments", content=body, headers=JSON).status_code == 200
+    general = client.post("/v1/runs/r/fragments?partial=maybe", content=body, headers=JSON)
+    assert general.status_code == 422  # 3: FastAPI's route refuses the query
+    assert client.post("/v1/runs/r/fragments", content=body, headers=JSON).status_code == 200
+    for path in ("/v1/runs/r/fragments", "/v1/runs/r/fragments?partial=maybe"):
+        limited = client.post(path, content=body, headers=JSON)
+        assert limited.status_code == 429, path
+        assert limited.json()["error"]["code"] == "rate_limited"
