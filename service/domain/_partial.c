@@ -14,10 +14,13 @@
  *
  * A sum is kept as an exact integer in units of 2**-1074: every finite float64 is
  * m * 2**s there, with a 53-bit m and 0 <= s <= 2045, so it adds into an array of
- * 32-bit digits held in int64 (carries resolved once, at the end). Nothing is rounded
+ * 32-bit digits held in int64 (carries resolved once, at the end, over the digits added
+ * into and as far up as they reach: settle()). Nothing is rounded
  * here; rounding happens once, when a value is reported, in Python.
  *
- * Both release the GIL while they work on their own copies.
+ * combine() lets go of the GIL while it works on a large input; a small one (the
+ * reporter's body: 256 values, ~2 us) it keeps it for, since it runs on the event loop,
+ * and a thread that lets go of the GIL there waits to get it back behind the others.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,11 +36,13 @@
 #define LIMBS 76 /* 2098 bits of the float64 range, 64 of growth, a sign: 32 bits each */
 #define MAX_COLUMNS 65535
 #define RENORMALISE 1000000 /* adds into one digit between carries, far below 2**31 */
+#define RELEASE_BYTES (1 << 16) /* combine() lets go of the GIL from this input size on */
 
 typedef struct {
     int kind;        /* -1: no value yet */
     uint64_t n, nan, pinf, ninf;
     int64_t limb[LIMBS]; /* sum and count: the exact integer, 32-bit digits */
+    int lo, hi;          /* the digits added into: [lo, hi]; lo > hi while none */
     int has;         /* min and max */
     double best;
     uint64_t adds;
@@ -51,6 +56,19 @@ static void normalise(int64_t *limb) {
         limb[i] -= carry * ((int64_t)1 << 32);
         limb[i + 1] += carry;
     }
+}
+
+/* every digit in [0, 2**32) but the top one, which keeps the sign: the digits above
+ * the ones added into may now hold the sign's ones */
+static void renormalise(State *st) {
+    normalise(st->limb);
+    st->hi = LIMBS - 1;
+    st->adds = 0;
+}
+
+static void touch(State *st, int lo, int hi) {
+    if (lo < st->lo) st->lo = lo;
+    if (hi > st->hi) st->hi = hi;
 }
 
 static void add_double(State *st, double x, int negate) {
@@ -69,6 +87,7 @@ static void add_double(State *st, double x, int negate) {
     if (m == 0) return;
     unsigned __int128 v = (unsigned __int128)m << (s & 31);
     int q = s >> 5;
+    touch(st, q, q + 2);
     int64_t p0 = (int64_t)(uint32_t)v, p1 = (int64_t)(uint32_t)(v >> 32);
     int64_t p2 = (int64_t)(uint32_t)(v >> 64);
     if (neg) {
@@ -80,36 +99,29 @@ static void add_double(State *st, double x, int negate) {
         st->limb[q + 1] += p1;
         st->limb[q + 2] += p2;
     }
-    if (++st->adds >= RENORMALISE) {
-        normalise(st->limb);
-        st->adds = 0;
-    }
+    if (++st->adds >= RENORMALISE) renormalise(st);
 }
 
 /* a count's value: an integer from 0 to 2**63 - 1 (checked before it gets here) */
 static void add_integer(State *st, double x) {
     uint64_t v = (uint64_t)x;
+    touch(st, 0, 1);
     st->limb[0] += (int64_t)(uint32_t)v;
     st->limb[1] += (int64_t)(uint32_t)(v >> 32);
-    if (++st->adds >= RENORMALISE) {
-        normalise(st->limb);
-        st->adds = 0;
-    }
+    if (++st->adds >= RENORMALISE) renormalise(st);
 }
 
 /* add a stored integer: ``len`` bytes, little-endian two's complement, times 256**shift */
 static int add_bytes(State *st, const unsigned char *b, size_t len, size_t shift) {
     if (len == 0) return 0;
     if ((shift + len + 3) / 4 > LIMBS - 2) return -1;
+    touch(st, (int)(shift / 4), (int)((shift + len - 1) / 4));
     for (size_t k = 0; k < len; k++) {
         int64_t byte = (k == len - 1) ? (int64_t)(int8_t)b[k] : (int64_t)b[k];
         size_t at = shift + k;
         st->limb[at / 4] += byte * ((int64_t)1 << (8 * (at % 4)));
     }
-    if (++st->adds >= RENORMALISE) {
-        normalise(st->limb);
-        st->adds = 0;
-    }
+    if (++st->adds >= RENORMALISE) renormalise(st);
     return 0;
 }
 
@@ -135,15 +147,39 @@ static void put_u(Out *o, uint64_t v, int size) {
     for (int i = 0; i < size; i++) o->buf[o->len++] = (unsigned char)(v >> (8 * i));
 }
 
-/* the integer's shift (whole zero bytes below it) and minimal signed bytes */
-static int put_integer(Out *o, int64_t *limb) {
-    unsigned char raw[4 * LIMBS];
-    normalise(limb);
-    for (int i = 0; i < LIMBS; i++) {
-        uint32_t d = (uint32_t)limb[i];
-        for (int k = 0; k < 4; k++) raw[4 * i + k] = (unsigned char)(d >> (8 * k));
+/* Carries resolved from the lowest digit added into, up to where they stop: above
+ * ``hi`` the digits are zero until a carry lands, and a carry of 0 leaves them zero, one
+ * of -1 leaves them all ones (a negative integer). Returns the highest digit that can
+ * differ from the rest; ``*fill`` is what every digit above it holds. */
+static int settle(State *st, uint32_t *fill) {
+    int64_t *limb = st->limb;
+    *fill = 0;
+    for (int i = st->lo; i < LIMBS - 1; i++) {
+        int64_t carry = limb[i] >> 32; /* arithmetic shift: floor division */
+        limb[i] -= carry * ((int64_t)1 << 32);
+        limb[i + 1] += carry;
+        if (i >= st->hi && (carry == 0 || carry == -1)) {
+            *fill = carry ? 0xffffffffu : 0;
+            return i;
+        }
     }
-    size_t lo = 0, hi = 4 * LIMBS; /* [lo, hi) */
+    return LIMBS - 1;
+}
+
+/* the integer's shift (whole zero bytes below it) and minimal signed bytes */
+static int put_integer(Out *o, State *st) {
+    unsigned char raw[4 * (LIMBS + 1)];
+    size_t lo = 0, hi = 0; /* [lo, hi) */
+    if (st->lo <= st->hi) {
+        uint32_t fill;
+        int top = settle(st, &fill);
+        for (int i = st->lo; i <= top; i++) {
+            uint32_t d = (uint32_t)st->limb[i];
+            for (int k = 0; k < 4; k++) raw[hi++] = (unsigned char)(d >> (8 * k));
+        }
+        if (top < LIMBS - 1) /* one digit of the fill: enough to trim the sign against */
+            for (int k = 0; k < 4; k++) raw[hi++] = (unsigned char)(fill >> (8 * k));
+    }
     while (lo < hi && raw[lo] == 0) lo++;
     if (lo == hi) { /* zero */
         if (reserve(o, 4)) return -1;
@@ -157,7 +193,7 @@ static int put_integer(Out *o, int64_t *limb) {
         else break;
     }
     if (reserve(o, 4 + hi - lo)) return -1;
-    put_u(o, lo, 2);
+    put_u(o, 4 * (size_t)st->lo + lo, 2);
     put_u(o, hi - lo, 2);
     memcpy(o->buf + o->len, raw + lo, hi - lo);
     o->len += hi - lo;
@@ -181,9 +217,9 @@ static int encode(Out *o, State *cols, Py_ssize_t width) {
             put_u(o, st->nan, 8);
             put_u(o, st->pinf, 8);
             put_u(o, st->ninf, 8);
-            if (put_integer(o, st->limb)) return -1;
+            if (put_integer(o, st)) return -1;
         } else if (st->kind == KIND_COUNT) {
-            if (put_integer(o, st->limb)) return -1;
+            if (put_integer(o, st)) return -1;
         } else {
             uint64_t bits;
             memcpy(&bits, &st->best, 8);
@@ -226,7 +262,11 @@ static void add_extreme(State *st, double x) {
 
 static void init_states(State *cols, Py_ssize_t width) {
     memset(cols, 0, sizeof(State) * (size_t)width);
-    for (Py_ssize_t j = 0; j < width; j++) cols[j].kind = -1;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        cols[j].kind = -1;
+        cols[j].lo = LIMBS; /* none added into */
+        cols[j].hi = -1;
+    }
 }
 
 static double value_at(const unsigned char *p) {
@@ -307,9 +347,13 @@ static PyObject *combine(PyObject *self, PyObject *args) {
         goto done;
     }
     init_states(cols, width);
-    Py_BEGIN_ALLOW_THREADS
-    combine_into(cols, values.buf, values.len / (8 * width), width, k, g);
-    Py_END_ALLOW_THREADS
+    if (values.len >= RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        combine_into(cols, values.buf, values.len / (8 * width), width, k, g);
+        Py_END_ALLOW_THREADS
+    } else {
+        combine_into(cols, values.buf, values.len / (8 * width), width, k, g);
+    }
     PyMem_Free(g);
     out = finish(cols, width);
 done:

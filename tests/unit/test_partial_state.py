@@ -140,6 +140,46 @@ def test_cells_that_leave_columns_out_or_carry_tails_take_the_python_path() -> N
     assert partial.decode(RUN, state).states["a"].exact() == 2 + Fraction(1, 2**60)  # type: ignore[union-attr]
 
 
+# sums whose carries reach past the digits their values added into: a borrow from the
+# lowest digit to the highest, a sum that cancels to zero, a negative sum the width of
+# one digit, a sum carried into the top digit
+CARRIES = [
+    [1.7976931348623157e308, -5e-324],
+    [-1.7976931348623157e308, 5e-324],
+    [5e-324, -5e-324],
+    [-5e-324],
+    [-(2.0**-1042)],
+    [2.0**-1043, 2.0**-1043],
+    [1.7976931348623157e308] * 3 + [-5e-324] * 3,
+    [-1.7976931348623157e308] * 5 + [2.0**-600],
+    [2.0**31 * 5e-324, 2.0**31 * 5e-324],
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("terms", CARRIES)
+def test_carries_past_the_digits_added_into_give_the_python_bytes(terms: list[float]) -> None:
+    rows = [[x, -x, 0.0, 0.0, x, x] for x in terms]
+    cells = [(struct.pack(f"<{WIDTH}d", *row), None, None) for row in rows]
+    assert partial.state_of(RUN, cells) == python_state(cells)
+    exact = partial.decode(RUN, partial.state_of(RUN, cells)).states["a"].exact()
+    assert exact == sum(map(Fraction, terms))  # type: ignore[union-attr]
+
+
+@needs_kernel
+def test_a_million_adds_into_one_digit_give_the_python_bytes() -> None:
+    """Past 10**6 adds the kernel resolves its carries midway (each digit held in
+    int64 stays far from overflowing); the bytes are the same."""
+    one = RunRecord(1, "r", 4, MetricSpec.from_json({"metrics": {"a": "sum"}}), 60.0, 0.0, ("a",))
+    terms = [-(2.0**-1000), 2.0**-1001] * 500_001
+    cells: list[packing.Cell] = [(struct.pack("<d", x), None, None) for x in terms]
+    kinds, guards = one.layout
+    state = bytes(kernel.combine(struct.pack(f"<{len(terms)}d", *terms), 1, kinds, guards))
+    assert state == partial.encode(one, partial.of_cells(one, cells))
+    exact = partial.decode(one, state).states["a"].exact()  # type: ignore[union-attr]
+    assert exact == -500_001 * Fraction(2) ** -1001
+
+
 @needs_kernel
 def test_the_kernel_refuses_what_does_not_fit() -> None:
     kinds, guards = RUN.layout
