@@ -10,7 +10,11 @@
  *       (0 sum, 1 count, 2 min, 3 max), ``guards`` one little-endian int32 per column
  *       (the guard column, or -1);
  *   merge(states) -> bytes
- *       the states of a sequence merged into one.
+ *       the states of a sequence merged into one;
+ *   canonical(values, width, kinds, nan) -> bytes | None
+ *       full-width rows as the service keeps them (every NaN as ``nan``), or None when
+ *       a count column holds a value that is not a count (the ingest's fast path for
+ *       the reporter's body: ``service/domain/compact.py``).
  *
  * A sum is kept as an exact integer in units of 2**-1074: every finite float64 is
  * m * 2**s there, with a 53-bit m and 0 <= s <= 2045, so it adds into an array of
@@ -471,10 +475,52 @@ done:
     return out;
 }
 
+/* -- the reporter's rows ------------------------------------------------------------ */
+
+/* full-width rows of little-endian float64 with every NaN as the one canonical NaN
+ * (``nan``'s bits), or None when a count column holds a value that is not a count (an
+ * integer from 0 to 2**63 - 1: NaN and the infinities are not) */
+static PyObject *canonical(PyObject *self, PyObject *args) {
+    Py_buffer values, kinds;
+    Py_ssize_t width;
+    double nan;
+    if (!PyArg_ParseTuple(args, "y*ny*d", &values, &width, &kinds, &nan)) return NULL;
+    PyObject *out = NULL;
+    if (width <= 0 || kinds.len != width || values.len % (8 * width)) {
+        PyErr_SetString(PyExc_ValueError, "values and kinds do not fit the width");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(values.buf, values.len);
+    if (out == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *k = kinds.buf;
+    Py_ssize_t cells = values.len / 8;
+    for (Py_ssize_t c = 0; c < cells; c++) {
+        double x = value_at(p + 8 * c);
+        if (k[c % width] == KIND_COUNT) {
+            /* 2**63 is exact as a double; x == floor(x) fails for NaN and holds for an
+             * infinity, which the bound refuses */
+            if (!(x >= 0.0 && x < 9223372036854775808.0 && x == (double)(int64_t)x)) {
+                Py_CLEAR(out);
+                out = Py_NewRef(Py_None);
+                goto done;
+            }
+        } else if (x != x) {
+            memcpy(p + 8 * c, &nan, 8);
+        }
+    }
+done:
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&kinds);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(values, width, kinds, guards) -> the exact partial state of full-width fragments"},
     {"merge", merge, METH_O, "merge(states) -> one partial state"},
+    {"canonical", canonical, METH_VARARGS,
+     "canonical(values, width, kinds, nan) -> the rows with canonical NaNs, or None"},
     {NULL, NULL, 0, NULL},
 };
 

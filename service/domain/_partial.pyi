@@ -10,3 +10,7 @@ def combine(values: Buffer, width: int, kinds: Buffer, guards: Buffer) -> bytes:
 
 def merge(states: Sequence[Buffer]) -> bytes:
     """Stored states (version 2) merged into one."""
+
+def canonical(values: Buffer, width: int, kinds: Buffer, nan: float) -> bytes | None:
+    """Full-width rows with every NaN as ``nan``, or None when a count column holds a
+    value that is not a count."""

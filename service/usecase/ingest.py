@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from steptally.client.wire import FragmentBatch, WireError, decode_batch
+from steptally.service.domain import compact
 from steptally.service.domain.batch import PreparedBatch, Rejection, prepare
 from steptally.service.domain.partial import states_of
 from steptally.service.domain.run import RunRecord
@@ -89,7 +90,11 @@ class Ingest:
         """Decode, check and pack the batch in ``body`` for its run (a 4xx error if it is
         wrong), with its pairs' exact partial states: everything before the store."""
         run = self._runs.get(run_name)
-        decoded, columnar = decode(parse(body))
+        parsed = parse(body)
+        fast = compact.prepared(run, parsed[0]) if parsed[1] else None
+        if fast is not None:  # the reporter's body, right as it came
+            return Prepared(run, fast, len(fast.fragments), partial)
+        decoded, columnar = decode(parsed)
         try:
             run, batch = _prepare(self._runs, run, decoded, columnar, partial)
         except ServiceError as exc:
