@@ -24,6 +24,8 @@ import binascii
 import math
 from typing import Any
 
+import pybase64
+
 from steptally.client.wire_numbers import MAX_INT
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.partial import kernel
@@ -55,7 +57,7 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
     if type(raw) is not str:
         return None
     try:
-        values = binascii.a2b_base64(raw, strict_mode=True)
+        values = pybase64.b64decode(raw, validate=True)  # SIMD; as strict as binascii's
     except (binascii.Error, ValueError):
         return None
     width = len(run.columns)
