@@ -10,8 +10,18 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (0.0 once it is gone)."""
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
+def main_thread_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``'s main thread alone (a server's
+    event loop; 0.0 once it is gone)."""
+    return _stat_cpu_s(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _stat_cpu_s(path: Path) -> float:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = path.read_text()
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()

@@ -34,8 +34,10 @@ Measured per row, in the same run:
     when no answer does, the step's last answer). Negative when the event overtakes the
     answer; p50 and p99 over the steps;
   * CPU seconds of the server processes, of the PostgreSQL backends of the run's
-    database, of the clients, and of the whole machine, over the timed window; the peak
-    resident memory (VmHWM) of the largest replica.
+    database, of the clients, and of the whole machine, over the timed window; of the
+    servers' main threads apart (each serving process's event loop: its CPU a request
+    and how busy it was, ``loop_*``); the peak resident memory (VmHWM) of the largest
+    replica.
 
 Writes ``scale.csv`` and ``scale.png`` (``scale_quick.*`` with ``--quick``) to ``--out``.
 
@@ -143,6 +145,8 @@ COLUMNS = [
     "machine_cpu_s",
     "machine_busy_share",
     "server_cpu_us_per_value",
+    "loop_cpu_us_per_request",
+    "loop_busy_share",
     "client_cpu_us_per_request",
     "floor_server_cpu_us_per_request",
     "floor_client_cpu_us_per_request",
@@ -265,17 +269,20 @@ class Window:
 
     def __init__(self, servers: list[int], backends: Backends) -> None:
         self._servers, self._backends = servers, backends
-        self.server_s = self.db_s = self.machine_s = 0.0
+        self.server_s = self.db_s = self.machine_s = self.loop_s = 0.0
 
     def start(self) -> None:
         self._servers = [p for pid in self._servers for p in procstat.family(pid)]
         self._s0 = [procstat.cpu_s(p) for p in self._servers]
+        self._l0 = [procstat.main_thread_cpu_s(p) for p in self._servers]
         self._b0 = self._backends.cpu()
         self._m0 = procstat.machine_busy_s()
 
     def stop(self) -> None:
         self.machine_s = procstat.machine_busy_s() - self._m0
         self.server_s = sum(procstat.cpu_s(p) for p in self._servers) - sum(self._s0)
+        # the main threads: each serving process's event loop (a supervisor's is idle)
+        self.loop_s = sum(map(procstat.main_thread_cpu_s, self._servers)) - sum(self._l0)
         b1 = self._backends.cpu()
         self.db_s = sum(cpu - self._b0.get(pid, 0.0) for pid, cpu in b1.items())
 
@@ -671,6 +678,8 @@ def measure(
         "machine_cpu_s": window.machine_s,
         "machine_busy_share": window.machine_s / (result.elapsed_s * (os.cpu_count() or 1)),
         "server_cpu_us_per_value": 1e6 * (window.server_s + window.db_s) / values,
+        "loop_cpu_us_per_request": 1e6 * window.loop_s / done,
+        "loop_busy_share": window.loop_s / (result.elapsed_s * config.replicas * config.workers),
         "client_cpu_us_per_request": 1e6 * result.cpu_s / done,
         "floor_server_cpu_us_per_request": 1e6 * floor_window.server_s / floor.done,
         "floor_client_cpu_us_per_request": 1e6 * floor.cpu_s / floor.done,
@@ -773,8 +782,10 @@ def progress(row: dict[str, Any]) -> None:
         f"{row['finalise_p99_ms']:.1f} ms, server {row['server_cpu_s']:.1f} s + db "
         f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU "
         f"({row['server_cpu_us_per_value']:.1f} µs/value against VictoriaMetrics' "
-        f"{row['victoria_cpu_us_per_value']:.1f}), machine "
-        f"{100 * row['machine_busy_share']:.0f} % busy, RSS {row['peak_rss_mb']:.0f} MB"
+        f"{row['victoria_cpu_us_per_value']:.1f}), event loop "
+        f"{row['loop_cpu_us_per_request']:.0f} µs/request ({100 * row['loop_busy_share']:.0f} % "
+        f"busy), machine {100 * row['machine_busy_share']:.0f} % busy, RSS "
+        f"{row['peak_rss_mb']:.0f} MB"
     )
 
 

@@ -45,6 +45,8 @@ POSITIVE = [
     "server_cpu_s",
     "client_cpu_s",
     "server_cpu_us_per_value",
+    "loop_cpu_us_per_request",
+    "loop_busy_share",
     "client_cpu_us_per_request",
     "floor_client_cpu_us_per_request",
     "peak_rss_mb",
@@ -78,6 +80,9 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
             float(row["rank_steps_per_s"]) * VALUES_PER_BODY, rel=1e-4
         )
         assert float(row["db_cpu_s"]) == 0.0  # SQLite runs inside the server
+        loop_s = float(row["loop_cpu_us_per_request"]) * int(row["rank_steps"]) / 1e6
+        assert loop_s <= float(row["server_cpu_s"]) + 0.02  # a thread of the server
+        assert float(row["loop_busy_share"]) <= 1.05
     assert (tmp_path / "scale_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one line of progress per row, and one per Pushgateway anchor
     assert done.stderr.count(" ranks × ") == 2

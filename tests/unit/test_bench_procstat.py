@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
@@ -46,3 +47,20 @@ def test_cpu_seconds_grow_with_work_and_are_zero_once_gone() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     assert procstat.cpu_s(gone.pid) == 0.0
+
+
+def test_the_main_threads_cpu_is_told_apart_from_the_others() -> None:
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    main0, all0 = procstat.main_thread_cpu_s(os.getpid()), procstat.cpu_s(os.getpid())
+    worker = threading.Thread(target=spin, args=(0.4,))
+    worker.start()
+    worker.join()
+    main1, all1 = procstat.main_thread_cpu_s(os.getpid()), procstat.cpu_s(os.getpid())
+    assert all1 - all0 >= 0.3
+    assert main1 - main0 < 0.1  # the main thread only waited
+    spin(0.3)
+    assert procstat.main_thread_cpu_s(os.getpid()) - main1 >= 0.2
