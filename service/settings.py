@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     ingest_group_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # and a writer that finds fewer queued waits at most this long for more (0: never)
     ingest_group_max_wait_s: float = Field(default=0.0, ge=0, le=1.0)
+    # a writer waits for the batches of a burst that are still arriving, each within
+    # this long of the one before (0: never; service/store/group_commit.py)
+    ingest_group_linger_s: float = Field(default=0.0003, ge=0, le=0.1)
     # threads that store the groups, each on its own connection. Unset: 2 (SQLite: they
     # take turns, one syncing its commit while the other runs its statements)
     ingest_writers: int | None = Field(default=None, ge=1, le=64)

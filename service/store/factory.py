@@ -31,6 +31,7 @@ def open_store(settings: Settings) -> Store:
         database_limits(settings),
         settings.ingest_group_max_wait_s,
         settings.ingest_writers,
+        settings.ingest_group_linger_s,
     )
     if settings.redis_url is None:
         return sql

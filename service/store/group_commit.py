@@ -14,10 +14,19 @@ event loop (:meth:`GroupCommit.submit` waits for it, for callers that block). SQ
 one writer (the database is its lock); PostgreSQL can have several, each on its own
 connection, so that one group's round trips overlap another's.
 
-By default a writer never waits for a timer: a lone batch is a group of one. With
-``max_wait_s`` a writer that finds the queue short waits at most that long for more
-batches first (a bounded wait, off unless set). Writers start with the first batch
-(not at import or construction: a process that forks before serving starts its own).
+A writer *lingers* (``linger_s``) before it stores a group that more batches are
+about to join: while fewer batches are queued and being stored than were in flight at
+once lately (the peak of the last :data:`PEAK_WINDOW_S`), and each new batch keeps
+arriving within ``linger_s`` of the one before, it waits for them, at most
+:data:`LINGER_ROUNDS` × ``linger_s`` in all. Requests come in bursts — a training step
+ends on every rank at once, and each group's answers come back as the next requests
+together — and a group that starts on the first of a burst leaves the rest to groups
+of their own, each with its transaction, its commit and its sync. A lone batch, or the
+last of a burst, never waits longer than ``linger_s``, and one that has nobody to
+wait for (a single client) not at all (bench/README.md, Scale). With ``max_wait_s`` a
+writer that finds the queue short waits that long for more batches, whether any are
+coming or not (off unless set). Writers start with the first batch (not at import or
+construction: a process that forks before serving starts its own).
 """
 
 from __future__ import annotations
@@ -33,6 +42,12 @@ from dataclasses import dataclass, field
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.protocol import IngestOutcome
+
+#: how long the peak of batches in flight at once is remembered (a writer lingers for
+#: as many as that peak while they keep arriving)
+PEAK_WINDOW_S = 1.0
+#: a writer lingers at most this many times ``linger_s`` for one group
+LINGER_ROUNDS = 8
 
 
 @dataclass(slots=True, eq=False)
@@ -84,13 +99,20 @@ class GroupCommit:
         max_wait_s: float = 0.0,
         writers: int = 1,
         name: str = "steptally-writer",
+        linger_s: float = 0.0,
     ) -> None:
         """``max_wait_s`` > 0: a writer that finds fewer than ``max_batches`` batches
-        queued waits that long at most for more before it starts the transaction."""
+        queued waits that long at most for more before it starts the transaction;
+        ``linger_s`` > 0: it waits for the batches that are still arriving (above)."""
         self._run_group = run_group
         self._max_batches = max_batches
         self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
+        self._linger_s = linger_s
+        self._in_flight = 0  # batches queued or in a group being stored
+        self._peak = 0  # the most in flight at once, lately
+        self._peak_at = 0.0
+        self._last_arrival = 0.0
         self._writers = writers
         self._name = name
         self._lock = threading.Lock()
@@ -118,6 +140,11 @@ class GroupCommit:
             if not self._threads:
                 self._start()
             self._queue.append(item)
+            self._in_flight += 1
+            now = time.monotonic()
+            self._last_arrival = now
+            if self._in_flight >= self._peak or now - self._peak_at > PEAK_WINDOW_S:
+                self._peak, self._peak_at = self._in_flight, now
             self._arrived.notify()
         return item.future
 
@@ -146,21 +173,40 @@ class GroupCommit:
             except BaseException as exc:  # the transaction failed: nothing of it is durable
                 for p in group:
                     p.outcome, p.error = None, exc
+            with self._lock:
+                self._in_flight -= len(group)
             for p in group:
                 _settle(p)
 
+    def _linger(self) -> None:
+        """Wait (holding the queue's lock, released while waiting) while more batches
+        are arriving than the queue holds: see the module's docstring."""
+        end = time.monotonic() + LINGER_ROUNDS * self._linger_s
+        while not self._closed and len(self._queue) < self._max_batches:
+            if self._in_flight >= self._peak:  # every batch in flight is queued or stored
+                return
+            left = min(self._last_arrival + self._linger_s, end) - time.monotonic()
+            if left <= 0:
+                return
+            self._arrived.wait(left)
+
     def _next_group(self) -> list[Pending] | None:
         with self._lock:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._arrived.wait()
-            if self._max_wait_s > 0 and len(self._queue) < self._max_batches:
-                deadline = time.monotonic() + self._max_wait_s
-                while len(self._queue) < self._max_batches:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._arrived.wait(left):
-                        break
+            while True:  # another writer may take the queue while this one waits
+                while not self._queue:
+                    if self._closed:
+                        return None
+                    self._arrived.wait()
+                if self._linger_s > 0:
+                    self._linger()
+                if self._max_wait_s > 0 and len(self._queue) < self._max_batches:
+                    deadline = time.monotonic() + self._max_wait_s
+                    while len(self._queue) < self._max_batches:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._arrived.wait(left):
+                            break
+                if self._queue:
+                    break
             group = [self._queue.popleft()]
             size = group[0].size
             while (

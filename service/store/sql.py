@@ -64,10 +64,13 @@ class SqlStore:
         group_max_bytes: int = 16 << 20,
         group_max_wait_s: float = 0.0,
         writers: int | None = None,
+        group_linger_s: float = 0.0,
     ) -> None:
         """``group_max_batches`` None picks the database's default (see :mod:`.dialect`;
         1 turns grouping off); ``group_max_wait_s`` bounds a writer's wait for more
-        batches; ``writers`` None, the database's number of writer threads."""
+        batches, ``group_linger_s`` its wait for the rest of a burst (see
+        :mod:`.group_commit`); ``writers`` None, the database's number of writer
+        threads."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
@@ -83,6 +86,7 @@ class SqlStore:
             group_max_bytes,
             group_max_wait_s,
             writers or self.dialect.default_writers,
+            linger_s=group_linger_s,
         )
         # told, on the writer thread, of every group that committed (Redis coordination)
         self.after_group: Callable[[list[Pending]], None] | None = None
@@ -96,10 +100,13 @@ class SqlStore:
         limits: DatabaseLimits | None = None,
         group_max_wait_s: float = 0.0,
         writers: int | None = None,
+        group_linger_s: float = 0.0,
     ) -> SqlStore:
         """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``."""
         engine = make_engine(url, limits)
-        store = cls(engine, group_max_batches, group_max_bytes, group_max_wait_s, writers)
+        store = cls(
+            engine, group_max_batches, group_max_bytes, group_max_wait_s, writers, group_linger_s
+        )
         store.url = url
         return store
 

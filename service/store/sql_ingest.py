@@ -145,6 +145,7 @@ def ingest_merged(
     collided = set(merged.fragments) - new_frags
     stored = list(_stored_fragments(conn, dialect.sql, run, collided)) if collided else []
     touched = [set(b.steps()) for b, _ in batches]
+    later = _later(touched)  # later[i]: the steps a batch after batch i touches
     mine: list[tuple[list[FragmentKey], list[CommitKey]]] = []
     deltas: dict[int, Delta] = {}
     for i, (batch, _) in enumerate(batches):
@@ -152,7 +153,8 @@ def ingest_merged(
         commits = [k for k in batch.commits if k in new_commits]
         own = Probe(found.steps, frags, commits, found.declared, found.top_seq)
         try:
-            rules.check_duplicates(batch, set(batch.fragments) - set(frags), stored)
+            if len(frags) < len(batch.fragments):
+                rules.check_duplicates(batch, set(batch.fragments) - set(frags), stored)
             rules.check(batch, own)
         except Exception as exc:
             raise NotMerged(str(exc)) from exc
@@ -163,8 +165,7 @@ def ingest_merged(
                 total.committed + d.committed,
             )
             total.expected += d.expected
-        later = set().union(*touched[i + 1 :])
-        if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later):
+        if any(rules.next_status(run.world_size, found.steps[s]) for s in touched[i] & later[i]):
             raise NotMerged("a step is finalised before a later batch of the group")
         mine.append((frags, commits))
     rows = partial_rows(run, merged, found)
@@ -173,12 +174,24 @@ def ingest_merged(
     out = []
     reload = _once(reload)
     for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
-        last = touched[i] - set().union(*touched[i + 1 :])  # steps no later batch touches
+        last = touched[i] - later[i]  # steps no later batch touches
         mine_changed = [changed[s] for s in sorted(last) if s in changed]
         outcome = IngestOutcome(len(frags), len(batch.fragments) - len(frags), len(commits), [])
         if not dialect.finalises_after_commit:
             outcome.finalised.extend(_finalise(conn, dialect, run, reload, mine_changed, now))
         out.append(Stored(outcome, mine_changed))
+    return out
+
+
+def _later(touched: Sequence[set[int]]) -> list[set[int]]:
+    """For each of ``touched`` (the steps of each batch of a group), the steps of the
+    batches after it."""
+    out: list[set[int]] = []
+    after: set[int] = set()
+    for steps in reversed(touched):
+        out.append(after)
+        after = after | steps
+    out.reverse()
     return out
 
 

@@ -162,3 +162,92 @@ def test_a_waiter_that_gives_up_leaves_the_writer_working() -> None:
     answer = group.submit(NO_RUN, _batch(1), 0.0)
     assert answer.commits == 1 and fake.groups == [[0], [1]]
     group.close()
+
+
+def _burst_of_two(group: GroupCommit, fake: FakeTransactions) -> threading.Thread:
+    """Batch 0 in a group the fake holds, batch 1 queued behind it (two in flight at
+    once: the peak), then the group let go; returns the thread that waits for batch 1."""
+    first = threading.Thread(target=group.submit, args=(NO_RUN, _batch(0), 0.0))
+    first.start()
+    assert fake.entered.wait(10)
+    second = threading.Thread(target=group.submit, args=(NO_RUN, _batch(1), 0.0))
+    second.start()
+    while group.queued() < 1:
+        threading.Event().wait(0.001)
+    fake.opened.set()
+    first.join(10)
+    return second
+
+
+def test_a_writer_lingers_for_the_rest_of_a_burst() -> None:
+    """Two were in flight at once: a writer that finds one queued waits for the next
+    while it arrives within the linger, and stores them as one group."""
+    fake = FakeTransactions()
+    group = GroupCommit(fake, max_batches=8, max_bytes=1 << 20, linger_s=2.0)
+    second = _burst_of_two(group, fake)
+    threading.Event().wait(0.05)
+    assert fake.groups == [[0]]  # batch 1 waits for company
+    assert group.submit(NO_RUN, _batch(2), 0.0).commits == 2
+    second.join(10)
+    assert fake.groups == [[0], [1, 2]]
+    group.close()
+
+
+def test_without_a_linger_the_next_batch_goes_alone() -> None:
+    fake = FakeTransactions()
+    group = GroupCommit(fake, max_batches=8, max_bytes=1 << 20)
+    second = _burst_of_two(group, fake)
+    second.join(10)
+    group.submit(NO_RUN, _batch(2), 0.0)
+    assert fake.groups == [[0], [1], [2]]
+    group.close()
+
+
+def test_the_linger_ends_once_batches_stop_arriving() -> None:
+    fake = FakeTransactions()
+    group = GroupCommit(fake, max_batches=8, max_bytes=1 << 20, linger_s=0.3)
+    t0 = time.monotonic()
+    second = _burst_of_two(group, fake)
+    second.join(10)
+    took = time.monotonic() - t0
+    assert fake.groups == [[0], [1]]
+    assert 0.3 <= took < 2.4 + 1.0  # the linger after batch 1, under its bound of 8 rounds
+    group.close()
+
+
+def test_a_lone_submitter_never_lingers() -> None:
+    """One batch in flight at a time: nobody else is coming, so no group waits."""
+    fake = FakeTransactions()
+    fake.opened.set()
+    group = GroupCommit(fake, max_batches=8, max_bytes=1 << 20, linger_s=5.0)
+    t0 = time.monotonic()
+    for tag in range(5):
+        assert group.submit(NO_RUN, _batch(tag), 0.0).commits == tag
+    assert time.monotonic() - t0 < 2.5
+    assert fake.groups == [[0], [1], [2], [3], [4]]
+    group.close()
+
+
+def test_a_lingering_writer_whose_batches_another_took_waits_again() -> None:
+    """While one writer lingers (the lock let go), another may take the whole queue:
+    the first then waits for the next batch, rather than taking from an empty queue
+    (it once did, and its thread died)."""
+    group = GroupCommit(lambda _: None, max_batches=8, max_bytes=1 << 20, linger_s=0.2)
+    with group._lock:  # no writer threads (none start before a submit): this test plays them
+        group._queue.append(Pending(NO_RUN, _batch(1), 0.0, 0))
+        group._in_flight, group._peak = 1, 3  # more were in flight lately: it lingers
+        group._last_arrival = time.monotonic()
+    taken: list[list[Pending] | None] = []
+    lingering = threading.Thread(target=lambda: taken.append(group._next_group()))
+    lingering.start()
+    threading.Event().wait(0.05)
+    with group._lock:  # the other writer takes the queue meanwhile
+        assert [p.batch.commits[(0, 0)] for p in group._queue] == [1]
+        group._queue.clear()
+    threading.Event().wait(0.4)  # past the linger: the queue is empty now
+    assert lingering.is_alive() and taken == []
+    with group._lock:
+        group._queue.append(Pending(NO_RUN, _batch(2), 0.0, 0))
+        group._arrived.notify()
+    lingering.join(10)
+    assert [[p.batch.commits[(0, 0)] for p in g] for g in taken if g] == [[2]]
