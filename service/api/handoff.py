@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -66,14 +66,14 @@ def awaited(future: Future[T]) -> asyncio.Future[T]:
     def copy(done: Future[T]) -> None:
         if out.cancelled():
             return
-        if done.cancelled():
+        try:  # one look at ``done`` (each takes its lock)
+            result = done.result(timeout=0)
+        except CancelledError:
             out.cancel()
-            return
-        error = done.exception()
-        if error is not None:
+        except BaseException as error:
             out.set_exception(error)
         else:
-            out.set_result(done.result())
+            out.set_result(result)
 
     def done_elsewhere(done: Future[T]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
