@@ -19,6 +19,7 @@ import struct
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
+from operator import itemgetter
 
 from steptally.client.wire import f64_from_le_bytes, f64_to_le_bytes
 
@@ -110,14 +111,17 @@ def bundled(cells: Sequence[tuple[int, Cell]]) -> tuple[int, bytes, bytes] | Non
     each fragment's blob in seq order, ``seqs`` their seqs as little-endian int64 — when
     there are two or more and every one is a full row (no mask, no tails) of one width;
     else None (each is stored as a row of its own)."""
-    if len(cells) < 2:
+    n = len(cells)
+    if n < 2:
         return None
-    ordered = sorted(cells, key=lambda c: c[0])
-    width = len(ordered[0][1][0])
-    if any(p is not None or t is not None or len(v) != width for _, (v, p, t) in ordered):
+    ordered = sorted(cells, key=itemgetter(0))
+    blobs = [cell[0] for _, cell in ordered]
+    if len(set(map(len, blobs))) != 1 or any(
+        c[1] is not None or c[2] is not None for _, c in ordered
+    ):
         return None
-    seqs = b"".join(_SEQ.pack(q) for q, _ in ordered)
-    return ordered[-1][0], b"".join(v for _, (v, _, _) in ordered), seqs
+    seqs = [q for q, _ in ordered]
+    return seqs[-1], b"".join(blobs), struct.pack(f"<{n}q", *seqs)
 
 
 def unbundled(

@@ -89,18 +89,34 @@ class Telemetry:
             ["run", "status"],
             registry=registry,
         )
+        # the labelled children of the hot paths, looked up once (never removed: the
+        # metrics keep every label set they were given anyway)
+        self._requests: dict[tuple[str, str, int], Histogram] = {}
+        self._runs: dict[str, tuple[Counter, Counter, Counter]] = {}
 
     def request_done(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.request_seconds.labels(method, route, str(status)).observe(seconds)
+        key = (method, route, status)
+        child = self._requests.get(key)
+        if child is None:  # prometheus_client checks and locks on every labels() call
+            child = self._requests[key] = self.request_seconds.labels(method, route, str(status))
+        child.observe(seconds)
 
     def batch_stored(self, run: str, outcome: IngestOutcome, seconds: float) -> None:
         self.batches.inc()
+        children = self._runs.get(run)
+        if children is None:
+            children = self._runs[run] = (
+                self.fragments_accepted.labels(run),
+                self.fragments_duplicate.labels(run),
+                self.commits.labels(run),
+            )
+        accepted, duplicate, commits = children
         if outcome.accepted:
-            self.fragments_accepted.labels(run).inc(outcome.accepted)
+            accepted.inc(outcome.accepted)
         if outcome.duplicates:
-            self.fragments_duplicate.labels(run).inc(outcome.duplicates)
+            duplicate.inc(outcome.duplicates)
         if outcome.commits:
-            self.commits.labels(run).inc(outcome.commits)
+            commits.inc(outcome.commits)
         self.steps_done(outcome.finalised, seconds)
 
     def steps_done(self, steps: list[FinalisedStep], seconds: float) -> None:
