@@ -27,6 +27,22 @@ from steptally.service.errors import Unavailable
 STREAM_SUFFIX = "/events"
 
 
+class AnswerWatch:
+    """``send`` that notes whether the answer has started (its ``http.response.start``
+    went out): after that, an error can no longer be answered."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+
 class RequestDeadline:
     """Answers 503 ``unavailable`` when no answer has started by the deadline."""
 
@@ -38,19 +54,12 @@ class RequestDeadline:
         if scope["type"] != "http" or str(scope.get("path", "")).endswith(STREAM_SUFFIX):
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        watched = AnswerWatch(send)
         try:  # in the request's own task (``wait_for`` would start one per request)
             async with asyncio.timeout(self.seconds):
-                await self.app(scope, receive, watched_send)
+                await self.app(scope, receive, watched)
         except TimeoutError:
-            if started:
+            if watched.started:
                 raise  # half an answer went out: nothing else can be said
             late = Unavailable(
                 f"no answer within the service's request timeout ({self.seconds:g} s): "

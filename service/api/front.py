@@ -34,8 +34,9 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.routing import Match
-from starlette.types import ASGIApp, HTTPExceptionHandler, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, HTTPExceptionHandler, Receive, Scope, Send
 
+from steptally.service.api.deadline import AnswerWatch
 from steptally.service.api.fragments import IngestLane
 
 
@@ -102,19 +103,12 @@ class Answering:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        watched = AnswerWatch(send)
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, receive, watched)
         except Exception as exc:
             handler = self._handler(exc)
-            if handler is None or started:
+            if handler is None or watched.started:
                 raise
             answer = handler(Request(scope, receive), exc)
             if inspect.isawaitable(answer):

@@ -54,12 +54,17 @@ typedef struct {
 
 /* -- exact integers as digits -------------------------------------------------------- */
 
+/* digit ``i`` into [0, 2**32), what it held beyond that carried into digit ``i + 1``;
+ * returns the carry */
+static int64_t carry_up(int64_t *limb, int i) {
+    int64_t carry = limb[i] >> 32; /* arithmetic shift: floor division */
+    limb[i] -= carry * ((int64_t)1 << 32);
+    limb[i + 1] += carry;
+    return carry;
+}
+
 static void normalise(int64_t *limb) {
-    for (int i = 0; i < LIMBS - 1; i++) {
-        int64_t carry = limb[i] >> 32; /* arithmetic shift: floor division */
-        limb[i] -= carry * ((int64_t)1 << 32);
-        limb[i + 1] += carry;
-    }
+    for (int i = 0; i < LIMBS - 1; i++) carry_up(limb, i);
 }
 
 /* every digit in [0, 2**32) but the top one, which keeps the sign: the digits above
@@ -156,12 +161,9 @@ static void put_u(Out *o, uint64_t v, int size) {
  * of -1 leaves them all ones (a negative integer). Returns the highest digit that can
  * differ from the rest; ``*fill`` is what every digit above it holds. */
 static int settle(State *st, uint32_t *fill) {
-    int64_t *limb = st->limb;
     *fill = 0;
     for (int i = st->lo; i < LIMBS - 1; i++) {
-        int64_t carry = limb[i] >> 32; /* arithmetic shift: floor division */
-        limb[i] -= carry * ((int64_t)1 << 32);
-        limb[i + 1] += carry;
+        int64_t carry = carry_up(st->limb, i);
         if (i >= st->hi && (carry == 0 || carry == -1)) {
             *fill = carry ? 0xffffffffu : 0;
             return i;
