@@ -19,6 +19,8 @@ talks to. A dialect brings:
 * ``probe`` and ``apply``: the two ends of a batch's transaction, around the step
   rules (:mod:`.sql_ingest`): hold the batch's (step, rank) pairs and read back what
   the checks need; then write the new rows, the partial rows and the steps' counters;
+* ``store_fresh``: where the dialect can, a batch of which nothing is stored yet, the
+  checks and the writes in one go (PostgreSQL: one round trip);
 * ``finalises_after_commit``: whether a batch stored alone commits in ``apply`` and has
   its steps finalised in a transaction of their own (PostgreSQL, where a step's row is
   then locked only while its counters change) or inside its own (SQLite);
@@ -108,6 +110,23 @@ class Dialect(Protocol):
         step first seen at ``now``); returns the steps ``added`` names as they now stand,
         changed. ``alone``: the batch is the whole transaction (a dialect that
         finalises after commit commits it here)."""
+        ...
+
+    def store_fresh(
+        self,
+        conn: Connection,
+        run: RunRecord,
+        batch: PreparedBatch,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+    ) -> list[StepState] | None:
+        """Store ``batch`` as the whole transaction and commit it, if nothing of its
+        (step, rank) pairs is stored and none of its steps is finalised (then each of
+        its fragments and commits is new, ``partials`` its pairs' whole partial rows
+        and ``added`` what it adds to its steps): the steps as :meth:`apply` returns
+        them. None when that does not hold (or the dialect has no such path), with
+        nothing written: the batch then takes :meth:`probe` and :meth:`apply`."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -258,6 +277,17 @@ class SqliteDialect:
         changed = [found.steps[s] for s in sorted(added)]
         _insert(db, text.upsert_steps, [step_tuple(run_id, row) for row in changed])
         return changed
+
+    def store_fresh(
+        self,
+        conn: Connection,
+        run: RunRecord,
+        batch: PreparedBatch,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+    ) -> list[StepState] | None:
+        return None  # the probe is one read of the database, and the group's whole
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
         pass  # the group's transaction holds the whole database already

@@ -12,9 +12,10 @@ Ingests are group-committed (:mod:`.group_commit`): batches that arrive while a
 transaction is in progress share the next one, so one ``COMMIT`` makes a whole group
 durable. A group of one run whose batches touch different (step, rank) pairs (the
 reporter's shape: one body per rank) runs as one batch's statements
-(:func:`.sql_ingest.ingest_merged`); any other group, or one where that would change
-an answer, runs each batch in its own savepoint. ``group_max_batches=1`` turns
-grouping off.
+(:func:`.sql_ingest.ingest_merged`) — on PostgreSQL in one round trip while nothing of
+its pairs is stored yet (:func:`.sql_ingest.ingest_fresh`); any other group, or one
+where that would change an answer, runs each batch in its own savepoint.
+``group_max_batches=1`` turns grouping off.
 """
 
 from __future__ import annotations
@@ -247,12 +248,11 @@ class SqlStore:
         run = group[0].run
         try:
             with self._write() as conn:
-                stored = sql_ingest.ingest_merged(
-                    conn,
-                    self.dialect,
-                    run,
-                    [(p.batch, p.now) for p in group],
-                    self._reloader(conn, run),
+                batches = [(p.batch, p.now) for p in group]
+                stored = sql_ingest.ingest_fresh(
+                    conn, self.dialect, run, batches
+                ) or sql_ingest.ingest_merged(
+                    conn, self.dialect, run, batches, self._reloader(conn, run)
                 )
         except Exception:  # NotMerged, or a batch the database refused: one by one
             return False

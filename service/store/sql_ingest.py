@@ -39,6 +39,7 @@ from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.packing import Cell, unbundled
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState
+from steptally.service.errors import ServiceError
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
@@ -76,6 +77,9 @@ def ingest(
     remains) and the error propagates.
     """
     if not savepoint:
+        fresh = ingest_fresh(conn, dialect, run, [(batch, now)])
+        if fresh is not None:
+            return fresh[0]
         stored = _store(conn, dialect, run, batch, now, None)
         if not dialect.finalises_after_commit:
             stored.outcome.finalised.extend(
@@ -119,6 +123,60 @@ def _store(
         finalised=[],
     )
     return Stored(outcome, changed)
+
+
+def ingest_fresh(
+    conn: Connection,
+    dialect: Dialect,
+    run: RunRecord,
+    batches: Sequence[tuple[PreparedBatch, float]],
+) -> list[Stored] | None:
+    """Store ``batches`` (each with its arrival time, no two sharing a (step, rank)
+    pair) of ``run`` as ONE new batch, whole transaction committed
+    (:meth:`~.dialect.Dialect.store_fresh`), where nothing of their pairs is stored yet
+    and none of their steps is finalised: what a reporter sends, each rank each step
+    once. The rules run as they would against a store holding nothing of the pairs, so
+    every fragment and commit is new and the steps' counters gain all of them. Returns
+    what :func:`ingest_merged` would, or None, with nothing stored, when the dialect
+    found something stored, a step finalised, or the rules would refuse a batch (then
+    the caller stores them as before, and that path says what is wrong)."""
+    merged = batches[0][0] if len(batches) == 1 else merge([b for b, _ in batches])
+    if merged is None or not dialect.finalises_after_commit:
+        return None
+    now = min(t for _, t in batches)
+    assumed = rules.probe_from(run, merged, now, {}, set(), {}, {})
+    try:
+        rules.check(merged, assumed)
+    except ServiceError:
+        return None
+    deltas = rules.count(assumed.steps, assumed.new_frags, merged.commits)
+    rows = partial_rows(run, merged, assumed)
+    changed = dialect.store_fresh(conn, run, merged, deltas, rows, now)
+    if changed is None:
+        return None
+    touched = [set(b.steps()) for b, _ in batches]
+    return _outcomes(batches, touched, _later(touched), changed)
+
+
+def _outcomes(
+    batches: Sequence[tuple[PreparedBatch, float]],
+    touched: Sequence[set[int]],
+    later: Sequence[set[int]],
+    changed: Iterable[StepState],
+    mine: Sequence[tuple[Sequence[FragmentKey], Sequence[CommitKey]]] | None = None,
+) -> list[Stored]:
+    """Each batch of a group stored as one: its counts (``mine``: the fragments and
+    commits of its that were new; None: all of them) and the steps it was the last of
+    the group to change, to be finalised (after the commit)."""
+    by_step = {r.step: r for r in changed}
+    out = []
+    for i, (batch, _) in enumerate(batches):
+        frags, commits = (batch.fragments, batch.commits) if mine is None else mine[i]
+        last = touched[i] - later[i]  # steps no later batch touches
+        mine_changed = [by_step[s] for s in sorted(last) if s in by_step]
+        outcome = IngestOutcome(len(frags), len(batch.fragments) - len(frags), len(commits), [])
+        out.append(Stored(outcome, mine_changed))
+    return out
 
 
 class NotMerged(Exception):
@@ -170,16 +228,12 @@ def ingest_merged(
         mine.append((frags, commits))
     rows = partial_rows(run, merged, found)
     now = min(now for _, now in batches)
-    changed = {r.step: r for r in dialect.apply(conn, run, merged, found, deltas, rows, now, True)}
-    out = []
-    reload = _once(reload)
-    for i, ((batch, now), (frags, commits)) in enumerate(zip(batches, mine, strict=True)):
-        last = touched[i] - later[i]  # steps no later batch touches
-        mine_changed = [changed[s] for s in sorted(last) if s in changed]
-        outcome = IngestOutcome(len(frags), len(batch.fragments) - len(frags), len(commits), [])
-        if not dialect.finalises_after_commit:
-            outcome.finalised.extend(_finalise(conn, dialect, run, reload, mine_changed, now))
-        out.append(Stored(outcome, mine_changed))
+    changed = dialect.apply(conn, run, merged, found, deltas, rows, now, True)
+    out = _outcomes(batches, touched, later, changed, mine)
+    if not dialect.finalises_after_commit:
+        reload = _once(reload)
+        for one, (_, now) in zip(out, batches, strict=True):
+            one.outcome.finalised.extend(_finalise(conn, dialect, run, reload, one.changed, now))
     return out
 
 

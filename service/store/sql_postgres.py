@@ -14,7 +14,14 @@ locks, taken in one order so that no two writers ever wait on each other in a ci
   afterwards in a transaction of its own that locks its row (the same as the sweeper's),
   so every finalisation sees every batch counted before it.
 
-A batch takes two round trips: the probe (lock the pairs, read the steps, insert the
+A batch of which nothing is stored yet (no commit or partial row of any of its pairs)
+and none of whose steps is finalised — what a reporter sends, each rank each step
+once — takes ONE round trip (:meth:`PostgresDialect.store_fresh`): lock the pairs, then
+one statement that checks that and, only if it holds, makes every write of the apply,
+then the commit. Anything else (a retry, a duplicate, a late rank of a partial step)
+finds it does not hold, with nothing written, and takes the two round trips below.
+
+Otherwise a batch takes two round trips: the probe (lock the pairs, read the steps, insert the
 fragments and commits, read back the commits, top sequence numbers and partial rows of
 its pairs) and the apply (write the partial rows, add to the counters, commit). Each
 statement runs on its own, in order, with its own snapshot (READ COMMITTED), so the
@@ -38,10 +45,17 @@ from sqlalchemy.dialects import postgresql
 
 from steptally.service.domain.batch import CommitKey, PreparedBatch
 from steptally.service.domain.packing import unbundled
+from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
-from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
+from steptally.service.store.sql_statement import (
+    FINALISED_SETTING,
+    PIPELINE,
+    core,
+    pair_lock_key,
+    pairs_params,
+)
 from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
@@ -157,6 +171,54 @@ class PostgresDialect:
             if alone:
                 driver.commit()
         out = [state_of(r) for r in steps.fetchall()]
+        for row in out:
+            row.changed = True
+        return out
+
+    def store_fresh(
+        self,
+        conn: Connection,
+        run: RunRecord,
+        batch: PreparedBatch,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+    ) -> list[StepState] | None:
+        """Store ``batch`` whole in ONE round trip, if nothing of its pairs is stored
+        and none of its steps is finalised: lock its pairs, count its finalised steps
+        (:data:`PIPELINE` ``finalised_of``), then one statement (``fresh``) that checks
+        both and, only if they hold, makes every write of :meth:`apply` (its fragments,
+        commits and partial rows all new, ``added`` to the steps), then the commit.
+        Returns the steps as :meth:`apply` does, or None when they did not hold:
+        nothing written, the transaction over. A batch large enough to be copied is
+        left to :meth:`probe` and :meth:`apply`."""
+        rows = fragment_rows(run.id, batch, list(batch.fragments))
+        if len(rows) >= COPY_MIN_ROWS:
+            return None
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        pairs = sorted(batch.pairs())
+        params = {
+            **_fragment_params(run.id, rows),
+            **_commit_params(batch, list(batch.commits)),
+            **_partial_params(partials),
+            **_added_params(run, added, now),
+            "k_step": [s for s, _ in pairs],
+            "k_rank": [r for _, r in pairs],
+            "open": StepStatus.OPEN.value,
+            "setting": FINALISED_SETTING,
+        }
+        steps = driver.cursor(row_factory=namedtuple_row)
+        with driver.pipeline():
+            driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
+            # planned for its arrays each time, as the probe's steps read
+            driver.execute(PIPELINE.finalised_of, params, prepare=False)
+            steps.execute(PIPELINE.fresh, params)
+            driver.commit()
+        found = steps.fetchall()
+        if not found[0].ok:
+            return None
+        out = [state_of(r) for r in found]
         for row in out:
             row.changed = True
         return out

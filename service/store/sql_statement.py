@@ -114,15 +114,20 @@ def _names(columns: Sequence[Column[Any]]) -> str:
 
 
 def _unnest_insert(
-    table: Table, conflict: str = "", returning: Sequence[str] = (), prefix: str = ""
+    table: Table,
+    conflict: str = "",
+    returning: Sequence[str] = (),
+    prefix: str = "",
+    where: str = "",
 ) -> str:
     """``INSERT`` of many rows of one run: ``%(run_id)s`` once, every other column an
-    array parameter named after it (after ``prefix``)."""
+    array parameter named after it (after ``prefix``); ``where``: only if it holds."""
     rest = ", ".join(_array(c, prefix + c.name) for c in table.c if c.name != "run_id")
     text = (
         f"INSERT INTO {table.name} ({_names(list(table.c))}) "
         f"SELECT {_param(table.c.run_id)}, * FROM unnest({rest})"
     )
+    text += f" WHERE {where}" if where else ""
     text += f" ON CONFLICT {conflict}" if conflict else ""
     return text + (f" RETURNING {', '.join(returning)}" if returning else "")
 
@@ -142,6 +147,56 @@ def _apply() -> str:
         f"c AS ({_unnest_insert(COMMITS, prefix='c_')}), "
         f"p AS ({_unnest_insert(PARTIALS, _UPSERT_PARTIALS, prefix='p_')}) "
         f"{_add_to_steps()}"
+    )
+
+
+#: the transaction's setting through which :data:`PIPELINE` ``finalised_of`` hands its
+#: count to ``fresh`` in the same round trip (bound as ``%(setting)s``)
+FINALISED_SETTING = "steptally.finalised_steps"
+
+
+def _finalised_of() -> str:
+    """How many of the steps ``%(step)s`` of run ``%(run_id)s`` are stored with a status
+    other than ``%(open)s``, kept in the transaction's setting ``%(setting)s``
+    (:data:`FINALISED_SETTING`) for :func:`_fresh` to read. It runs unprepared, planned
+    for its arrays each time, as the probe's steps read does."""
+    return (
+        "SELECT set_config(%(setting)b::TEXT, count(*)::TEXT, true) FROM steps "
+        f"WHERE run_id = {_param(STEPS.c.run_id)} AND step = ANY({_array(STEPS.c.step, 'step')}) "
+        f"AND status <> {_param(STEPS.c.status, 'open')}"
+    )
+
+
+def _fresh() -> str:
+    """A batch's writes as ONE statement when nothing is stored of any of its (step,
+    rank) pairs (``%(k_step)s`` and ``%(k_rank)s`` side by side: no commit, no partial
+    row, so no fragment either) and none of its steps is finalised (what
+    :func:`_finalised_of` found, earlier in the transaction): the writes of
+    :func:`_apply`, each made only if that holds, and whether it did (``ok``) beside the
+    steps' rows (nulls when it did not: then it wrote nothing). Each pair is looked up
+    by its key behind ``OFFSET 0``, as in :func:`_pairs_of`."""
+    run = _param(STEPS.c.run_id)
+
+    def found(table: Table) -> str:
+        return (
+            f"EXISTS (SELECT 1 FROM {table.name} AS x WHERE x.run_id = {run} "
+            "AND x.step = p.step AND x.rank = p.rank OFFSET 0)"
+        )
+
+    pairs = f"unnest({_array(STEPS.c.step, 'k_step')}, {_array(COMMITS.c.rank, 'k_rank')})"
+    ok = (
+        "SELECT current_setting(%(setting)b::TEXT)::BIGINT = 0 "
+        f"AND NOT EXISTS (SELECT 1 FROM {pairs} AS p(step, rank) "
+        f"WHERE {found(COMMITS)} OR {found(PARTIALS)}) AS ok"
+    )
+    only = "(SELECT ok FROM ok)"
+    return (
+        f"WITH ok AS ({ok}), "
+        f"f AS ({_unnest_insert(FRAGMENTS, prefix='f_', where=only)}), "
+        f"c AS ({_unnest_insert(COMMITS, prefix='c_', where=only)}), "
+        f"p AS ({_unnest_insert(PARTIALS, prefix='p_', where=only)}), "
+        f"s AS ({_add_to_steps(where=only)}) "
+        "SELECT ok.ok, s.* FROM ok LEFT JOIN s ON true"
     )
 
 
@@ -183,11 +238,12 @@ def _pairs_of() -> str:
     )
 
 
-def _add_to_steps() -> str:
+def _add_to_steps(where: str = "") -> str:
     """Add each step's counters (``%(received)s``, ``%(committed)s``, ``%(expected)s``,
     one array each, in step order) to its row, creating it as a new step first
     (``%(world_size)s`` and the other columns of a new step as parameters); locks the
-    rows in step order and returns them as they now stand."""
+    rows in step order and returns them as they now stand. ``where``: only if it
+    holds."""
     new = {
         "run_id": _param(STEPS.c.run_id),
         "step": "d.step",
@@ -211,7 +267,8 @@ def _add_to_steps() -> str:
     )
     return (
         f"INSERT INTO steps ({_names(list(STEPS.c))}) SELECT {', '.join(values)} "
-        f"FROM unnest({arrays}) AS d(step, received, committed, expected) ORDER BY d.step "
+        f"FROM unnest({arrays}) AS d(step, received, committed, expected) "
+        f"{f'WHERE {where} ' if where else ''}ORDER BY d.step "
         f"ON CONFLICT (run_id, step) DO UPDATE SET {added}, "
         "missing_ranks = steps.missing_ranks - excluded.committed_ranks "
         f"RETURNING {_names(list(STEPS.c))}"
@@ -235,6 +292,8 @@ class PipelineText:
     steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     apply: str  # a batch's writes: _apply
+    finalised_of: str  # %(run_id)s, %(step)s, %(open)s: _finalised_of
+    fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
     copy_fragments: str  # COPY of fragments rows, every column, binary
@@ -252,6 +311,8 @@ PIPELINE = PipelineText(
     ),
     add_to_steps=_add_to_steps(),
     apply=_apply(),
+    finalised_of=_finalised_of(),
+    fresh=_fresh(),
     pairs_of=_pairs_of(),
     upsert_values=_unnest_insert(
         STEP_VALUES,

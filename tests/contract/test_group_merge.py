@@ -6,7 +6,8 @@ takes the batches as one group (:meth:`SqlStore._ingest_group`), run ``s`` one b
 at a time. Where merging would change an answer (a step finalised before a later
 batch of the group touches it, a broken rule, two batches of one (step, rank)), the
 group falls back to one savepoint per batch; each scenario also says which path it
-expects.
+expects, and whether PostgreSQL stores it in one round trip (nothing of its pairs
+stored yet, none of its steps finalised: :func:`.sql_ingest.ingest_fresh`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from steptally.service.domain.batch import PreparedBatch, prepare
 from steptally.service.domain.run import RunDraft, RunRecord
 from steptally.service.errors import ServiceError
 from steptally.service.settings import Settings
+from steptally.service.store import sql_ingest
 from steptally.service.store.group_commit import Pending
 from steptally.service.store.protocol import StepRecord
 from steptally.service.store.sql import SqlStore
@@ -94,10 +96,12 @@ def _compare(
     merged: bool,
     monkeypatch: pytest.MonkeyPatch,
     timeout: float | None = None,
+    fresh: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Store ``before`` one by one on both runs (then time out what is due at
     ``timeout``), then ``group``: as one group on ``g``, one by one on ``s``. Asserts
-    equal answers and steps and the path taken; returns the answers."""
+    equal answers and steps and the path taken (``fresh``: in one round trip, where
+    the store can); returns the answers."""
     runs = {name: _register(store, name, world_size) for name in ("g", "s")}
     for run in runs.values():
         for i, body in enumerate(before):
@@ -112,9 +116,20 @@ def _compare(
         return took[-1]
 
     monkeypatch.setattr(SqlStore, "_ingest_merged", spy)
+    one_trip: list[bool] = []
+    real_fresh = sql_ingest.ingest_fresh
+
+    def spy_fresh(*args: Any) -> list[sql_ingest.Stored] | None:
+        stored = real_fresh(*args)
+        one_trip.append(stored is not None)
+        return stored
+
     start = T0 + 100
     items = [Pending(runs["g"], _prepared(runs["g"], b), start + i, 0) for i, b in enumerate(group)]
+    monkeypatch.setattr(sql_ingest, "ingest_fresh", spy_fresh)
     store._ingest_group(items)
+    monkeypatch.setattr(sql_ingest, "ingest_fresh", real_fresh)
+    assert one_trip == [fresh and store.dialect.name == "postgresql"]
     grouped = [_answer(p.outcome if p.error is None else p.error) for p in items]
     assert all(p.outcome is not None or isinstance(p.error, ServiceError) for p in items)
     alone: list[tuple[Any, ...]] = []
@@ -145,10 +160,32 @@ def _rank(step: int, rank: int, fragments: int = 2, commit: bool = True) -> Body
 
 
 def test_one_body_per_rank_is_one_batch(sql_store: SqlStore, monkeypatch: Any) -> None:
-    answers = _compare(
-        sql_store, 4, [], [_rank(0, r) for r in range(4)], merged=True, monkeypatch=monkeypatch
-    )
+    group = [_rank(0, r) for r in range(4)]
+    answers = _compare(sql_store, 4, [], group, merged=True, monkeypatch=monkeypatch, fresh=True)
     assert [a[3] for a in answers] == [[], [], [], [(0, "complete", 1, T0 + 103)]]
+
+
+def test_fresh_ranks_of_two_steps_each_completed(sql_store: SqlStore, monkeypatch: Any) -> None:
+    """Nothing of the group's pairs stored, one step open and one new: each step is
+    finalised with the last batch that touches it."""
+    group = [_rank(1, 0), _rank(0, 1), _rank(1, 1), _rank(2, 0, fragments=1)]
+    answers = _compare(
+        sql_store, 2, [_rank(0, 0)], group, merged=True, monkeypatch=monkeypatch, fresh=True
+    )
+    assert [[f[:2] for f in a[3]] for a in answers] == [
+        [],
+        [(0, "complete")],
+        [(1, "complete")],
+        [],
+    ]
+
+
+def test_a_fresh_group_with_a_broken_rule(sql_store: SqlStore, monkeypatch: Any) -> None:
+    """Nothing of its pairs stored, but a commit that does not count a fragment sent:
+    the group goes one batch at a time, and that batch alone is refused."""
+    bad_count = ([(0, 2, 1, {"a": 1.0})], [(0, 2, 1)])
+    answers = _compare(sql_store, 3, [], [_rank(0, 0), bad_count, _rank(0, 1)], False, monkeypatch)
+    assert [a[1] if isinstance(a[1], str) else 0 for a in answers] == [0, "commit_conflict", 0]
 
 
 def test_steps_completed_by_different_batches(sql_store: SqlStore, monkeypatch: Any) -> None:

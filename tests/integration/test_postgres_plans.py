@@ -29,7 +29,7 @@ from steptally.service.app import create_app
 from steptally.service.settings import Settings
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
-from steptally.service.store.sql_statement import PIPELINE, pairs_params
+from steptally.service.store.sql_statement import FINALISED_SETTING, PIPELINE, pairs_params
 
 pytestmark = pytest.mark.postgres
 
@@ -147,6 +147,78 @@ def test_the_pairs_read_is_one_key_lookup_a_table_in_its_generic_plan(
     assert not [line for line in plan if "Hash" in line or "Merge" in line], plan
 
 
+def _fresh_args(steps: list[int], pairs: list[tuple[int, int]]) -> dict[str, Any]:
+    """The fresh write's parameters for ``pairs`` and ``steps`` of run 1, each step
+    gaining one fragment received, bringing no fragment, commit or partial row."""
+    return {
+        "run_id": 1, "k_step": [s for s, _ in pairs], "k_rank": [r for _, r in pairs],
+        "step": steps, "open": "open", "status": "open", "revision": 0,
+        "world_size": RANKS, "first_seen_at": 0.0, "deadline": 60.0, "finalised_at": None,
+        "result": None, "received": [1] * len(steps), "committed": [0] * len(steps),
+        "expected": [0] * len(steps), "setting": FINALISED_SETTING,
+        **{f"f_{c}": [] for c in ("step", "rank", "seq", "values_f64", "present", "tails", "seqs")},
+        **{f"c_{c}": [] for c in ("step", "rank", "fragments")},
+        **{f"p_{c}": [] for c in ("step", "rank", "fragments", "state")},
+    }  # fmt: skip
+
+
+def test_the_fresh_write_looks_each_pair_up_by_its_key_in_its_generic_plan(
+    writer: psycopg.Connection,
+) -> None:
+    """The one-round-trip write checks that nothing of its pairs is stored by key
+    lookups, whatever the tables held when it was planned; with a run's worth of rows
+    (every step complete, every pair committed) it finds that and writes nothing. The
+    count of finalised steps it reads comes from the statement before it, planned anew
+    each time (test below)."""
+    names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)b", PIPELINE.fresh)))
+    args = _fresh_args([3, 7], [(3, 5), (3, 6), (7, 255)])
+    counted = writer.execute(PIPELINE.finalised_of, args).fetchone()
+    filled = writer.execute("SELECT count(*) FROM commits").fetchone() != (0,)
+    assert counted == ("2",) if filled else ("0",)
+    plan, rows = _generic_plan(writer, PIPELINE.fresh, names, tuple(args[n] for n in names))
+    reads = sorted(set(_scans(plan)))
+    assert reads == [("Index Only Scan", "commits_pkey"), ("Index Only Scan", "partials_pkey")], (
+        "\n".join(plan)
+    )
+    assert not [line for line in plan if "Hash" in line or "Merge" in line], plan
+    if filled:
+        assert [tuple(r[:3]) for r in rows] == [(False, None, None)]
+    else:
+        assert sorted((r[0], r[1], r[2]) for r in rows) == [(True, 1, 3), (True, 1, 7)]
+
+
+def test_the_fresh_write_finds_a_finalised_step_or_a_stored_pair_and_writes_nothing(
+    writer: psycopg.Connection,
+) -> None:
+    """Steps 100 (open) and 101 (partial), beyond what the tables hold: a batch that
+    touches the partial step, or a pair with a commit stored, changes nothing; one of
+    a new pair of the open step adds to its counters."""
+    writer.execute(
+        "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
+        "received, missing_ranks, first_seen_at, deadline) VALUES (1, 100, 'open', 0, 0, 0, "
+        "0, %(n)s, 0, 60), (1, 101, 'partial', 1, 0, 0, 0, %(n)s, 0, 60)",
+        {"n": RANKS},
+    )
+    received = "SELECT step, received FROM steps WHERE step >= 100 ORDER BY step"
+    before = writer.execute(received).fetchall()
+    for steps, pairs, finalised in (
+        ([100, 101], [(100, 5), (101, 5)], "1"),  # the partial step
+        ([100], [(100, 5), (100, 6)], "0"),  # (100, 6) has its commit stored
+    ):
+        if finalised == "0":
+            writer.execute("INSERT INTO commits VALUES (1, 100, 6, 8)")
+        args = _fresh_args(steps, pairs)
+        assert writer.execute(PIPELINE.finalised_of, args).fetchone() == (finalised,)
+        rows = writer.execute(PIPELINE.fresh, args).fetchall()
+        assert [tuple(r[:2]) for r in rows] == [(False, None)], pairs
+        assert writer.execute(received).fetchall() == before, pairs
+    args = _fresh_args([100], [(100, 5)])
+    writer.execute(PIPELINE.finalised_of, args)
+    rows = writer.execute(PIPELINE.fresh, args).fetchall()
+    assert [(r[0], r[2]) for r in rows] == [(True, 100)]  # ok, then the step row
+    assert writer.execute(received).fetchall() == [(100, 1), (101, 0)]
+
+
 def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_read_anew(
     postgres_url: str,
 ) -> None:
@@ -180,8 +252,7 @@ def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_rea
             texts = driver.execute("SELECT statement FROM pg_prepared_statements").fetchall()
             prepared.update(t for (t,) in texts)
     assert any("pg_advisory_xact_lock" in t for t in prepared), prepared
-    assert any("LEFT JOIN LATERAL" in t for t in prepared), prepared  # the pairs read
-    assert any(t.startswith("WITH f AS (INSERT INTO fragments") for t in prepared), prepared
+    assert any(t.startswith("WITH ok AS (") for t in prepared), prepared  # the fresh write
     assert not [t for t in prepared if "step = ANY(" in t], prepared  # the steps read
 
 
