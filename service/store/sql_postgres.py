@@ -49,13 +49,7 @@ from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
-from steptally.service.store.sql_statement import (
-    FINALISED_SETTING,
-    PIPELINE,
-    core,
-    pair_lock_key,
-    pairs_params,
-)
+from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
 from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row, state_of
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
@@ -63,6 +57,9 @@ from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row,
 #: arrays: the insert alone takes 0.55x the time at 4096 rows, but the copy costs two
 #: round trips of its own, and at 512 rows end to end it gained nothing (bench/README.md)
 COPY_MIN_ROWS = 2048
+#: the statuses of a finalised step (a batch of which nothing is stored joins one only
+#: through the probe and the apply)
+FINALISED = [s.value for s in StepStatus if s is not StepStatus.OPEN]
 
 
 class PostgresDialect:
@@ -185,10 +182,10 @@ class PostgresDialect:
         now: float,
     ) -> list[StepState] | None:
         """Store ``batch`` whole in ONE round trip, if nothing of its pairs is stored
-        and none of its steps is finalised: lock its pairs, count its finalised steps
-        (:data:`PIPELINE` ``finalised_of``), then one statement (``fresh``) that checks
-        both and, only if they hold, makes every write of :meth:`apply` (its fragments,
-        commits and partial rows all new, ``added`` to the steps), then the commit.
+        and none of its steps is finalised: lock its pairs, then one statement
+        (:data:`PIPELINE` ``fresh``) that checks both and, only if they hold, makes
+        every write of :meth:`apply` (its fragments, commits and partial rows all new,
+        ``added`` to the steps), then the commit.
         Returns the steps as :meth:`apply` does, or None when they did not hold:
         nothing written, the transaction over. A batch large enough to be copied is
         left to :meth:`probe` and :meth:`apply`."""
@@ -205,14 +202,11 @@ class PostgresDialect:
             **_added_params(run, added, now),
             "k_step": [s for s, _ in pairs],
             "k_rank": [r for _, r in pairs],
-            "open": StepStatus.OPEN.value,
-            "setting": FINALISED_SETTING,
+            "finalised": FINALISED,
         }
         steps = driver.cursor(row_factory=namedtuple_row)
         with driver.pipeline():
             driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-            # planned for its arrays each time, as the probe's steps read
-            driver.execute(PIPELINE.finalised_of, params, prepare=False)
             steps.execute(PIPELINE.fresh, params)
             driver.commit()
         found = steps.fetchall()

@@ -150,31 +150,18 @@ def _apply() -> str:
     )
 
 
-#: the transaction's setting through which :data:`PIPELINE` ``finalised_of`` hands its
-#: count to ``fresh`` in the same round trip (bound as ``%(setting)s``)
-FINALISED_SETTING = "steptally.finalised_steps"
-
-
-def _finalised_of() -> str:
-    """How many of the steps ``%(step)s`` of run ``%(run_id)s`` are stored with a status
-    other than ``%(open)s``, kept in the transaction's setting ``%(setting)s``
-    (:data:`FINALISED_SETTING`) for :func:`_fresh` to read. It runs unprepared, planned
-    for its arrays each time, as the probe's steps read does."""
-    return (
-        "SELECT set_config(%(setting)b::TEXT, count(*)::TEXT, true) FROM steps "
-        f"WHERE run_id = {_param(STEPS.c.run_id)} AND step = ANY({_array(STEPS.c.step, 'step')}) "
-        f"AND status <> {_param(STEPS.c.status, 'open')}"
-    )
-
-
 def _fresh() -> str:
     """A batch's writes as ONE statement when nothing is stored of any of its (step,
     rank) pairs (``%(k_step)s`` and ``%(k_rank)s`` side by side: no commit, no partial
-    row, so no fragment either) and none of its steps is finalised (what
-    :func:`_finalised_of` found, earlier in the transaction): the writes of
-    :func:`_apply`, each made only if that holds, and whether it did (``ok``) beside the
-    steps' rows (nulls when it did not: then it wrote nothing). Each pair is looked up
-    by its key behind ``OFFSET 0``, as in :func:`_pairs_of`."""
+    row, so no fragment either) and none of its steps (``%(step)s``) is finalised (has
+    a status of ``%(finalised)s``): the writes of :func:`_apply`, each made only if
+    that holds, and whether it did (``ok``) beside the steps' rows (nulls when it did
+    not: then it wrote nothing). Each pair is looked up by its key behind ``OFFSET 0``,
+    as in :func:`_pairs_of`, and each step by run, status and step, once for each
+    status of a finalised step: whichever of the steps' two indexes a plan made once
+    takes, a lookup is bounded (by run and step alone, or with the statuses as an
+    array, a plan made on empty tables took the status index and read the run's every
+    step)."""
     run = _param(STEPS.c.run_id)
 
     def found(table: Table) -> str:
@@ -184,8 +171,13 @@ def _fresh() -> str:
         )
 
     pairs = f"unnest({_array(STEPS.c.step, 'k_step')}, {_array(COMMITS.c.rank, 'k_rank')})"
+    finalised = (
+        f"unnest({_array(STEPS.c.step, 'step')}) AS q(step), "
+        f"unnest({_array(STEPS.c.status, 'finalised')}) AS d(status)"
+    )
     ok = (
-        "SELECT current_setting(%(setting)b::TEXT)::BIGINT = 0 "
+        f"SELECT NOT EXISTS (SELECT 1 FROM {finalised} WHERE EXISTS (SELECT 1 FROM steps AS x "
+        f"WHERE x.run_id = {run} AND x.status = d.status AND x.step = q.step OFFSET 0)) "
         f"AND NOT EXISTS (SELECT 1 FROM {pairs} AS p(step, rank) "
         f"WHERE {found(COMMITS)} OR {found(PARTIALS)}) AS ok"
     )
@@ -292,7 +284,6 @@ class PipelineText:
     steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     apply: str  # a batch's writes: _apply
-    finalised_of: str  # %(run_id)s, %(step)s, %(open)s: _finalised_of
     fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
@@ -311,7 +302,6 @@ PIPELINE = PipelineText(
     ),
     add_to_steps=_add_to_steps(),
     apply=_apply(),
-    finalised_of=_finalised_of(),
     fresh=_fresh(),
     pairs_of=_pairs_of(),
     upsert_values=_unnest_insert(

@@ -29,7 +29,8 @@ from steptally.service.app import create_app
 from steptally.service.settings import Settings
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
-from steptally.service.store.sql_statement import FINALISED_SETTING, PIPELINE, pairs_params
+from steptally.service.store.sql_postgres import FINALISED
+from steptally.service.store.sql_statement import PIPELINE, pairs_params
 
 pytestmark = pytest.mark.postgres
 
@@ -152,35 +153,41 @@ def _fresh_args(steps: list[int], pairs: list[tuple[int, int]]) -> dict[str, Any
     gaining one fragment received, bringing no fragment, commit or partial row."""
     return {
         "run_id": 1, "k_step": [s for s, _ in pairs], "k_rank": [r for _, r in pairs],
-        "step": steps, "open": "open", "status": "open", "revision": 0,
+        "step": steps, "status": "open", "revision": 0,
         "world_size": RANKS, "first_seen_at": 0.0, "deadline": 60.0, "finalised_at": None,
         "result": None, "received": [1] * len(steps), "committed": [0] * len(steps),
-        "expected": [0] * len(steps), "setting": FINALISED_SETTING,
+        "expected": [0] * len(steps), "finalised": FINALISED,
         **{f"f_{c}": [] for c in ("step", "rank", "seq", "values_f64", "present", "tails", "seqs")},
         **{f"c_{c}": [] for c in ("step", "rank", "fragments")},
         **{f"p_{c}": [] for c in ("step", "rank", "fragments", "state")},
     }  # fmt: skip
 
 
-def test_the_fresh_write_looks_each_pair_up_by_its_key_in_its_generic_plan(
+def test_the_fresh_write_looks_each_pair_and_step_up_by_its_key_in_its_generic_plan(
     writer: psycopg.Connection,
 ) -> None:
-    """The one-round-trip write checks that nothing of its pairs is stored by key
-    lookups, whatever the tables held when it was planned; with a run's worth of rows
-    (every step complete, every pair committed) it finds that and writes nothing. The
-    count of finalised steps it reads comes from the statement before it, planned anew
-    each time (test below)."""
+    """The one-round-trip write checks that nothing of its pairs is stored and none of
+    its steps finalised by key lookups, whatever the tables held when it was planned;
+    with a run's worth of rows (every step complete, every pair committed) it finds that
+    and writes nothing."""
     names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)b", PIPELINE.fresh)))
     args = _fresh_args([3, 7], [(3, 5), (3, 6), (7, 255)])
-    counted = writer.execute(PIPELINE.finalised_of, args).fetchone()
-    filled = writer.execute("SELECT count(*) FROM commits").fetchone() != (0,)
-    assert counted == ("2",) if filled else ("0",)
     plan, rows = _generic_plan(writer, PIPELINE.fresh, names, tuple(args[n] for n in names))
-    reads = sorted(set(_scans(plan)))
-    assert reads == [("Index Only Scan", "commits_pkey"), ("Index Only Scan", "partials_pkey")], (
-        "\n".join(plan)
+    reads = dict((index, how) for how, index in _scans(plan))
+    assert reads.keys() - {"steps_pkey", "ix_steps_run_status"} == {
+        "commits_pkey",
+        "partials_pkey",
+    }, "\n".join(plan)
+    steps = [i for i, line in enumerate(plan) if " Scan " in line and " on steps " in line]
+    assert len(steps) == 1, plan
+    # whichever index: each column before the step bounded (the status index: the status)
+    bounds = ["run_id = ", "step = q.step"] + ["status = "] * (
+        "ix_steps_run_status" in plan[steps[0]]
     )
+    cond = plan[steps[0] + 1]
+    assert "Index Cond" in cond and all(b in cond for b in bounds), "\n".join(plan)
     assert not [line for line in plan if "Hash" in line or "Merge" in line], plan
+    filled = writer.execute("SELECT count(*) FROM commits").fetchone() != (0,)
     if filled:
         assert [tuple(r[:3]) for r in rows] == [(False, None, None)]
     else:
@@ -201,19 +208,17 @@ def test_the_fresh_write_finds_a_finalised_step_or_a_stored_pair_and_writes_noth
     )
     received = "SELECT step, received FROM steps WHERE step >= 100 ORDER BY step"
     before = writer.execute(received).fetchall()
-    for steps, pairs, finalised in (
-        ([100, 101], [(100, 5), (101, 5)], "1"),  # the partial step
-        ([100], [(100, 5), (100, 6)], "0"),  # (100, 6) has its commit stored
+    for steps, pairs in (
+        ([100, 101], [(100, 5), (101, 5)]),  # the partial step
+        ([100], [(100, 5), (100, 6)]),  # (100, 6) has its commit stored
     ):
-        if finalised == "0":
+        if len(steps) == 1:
             writer.execute("INSERT INTO commits VALUES (1, 100, 6, 8)")
         args = _fresh_args(steps, pairs)
-        assert writer.execute(PIPELINE.finalised_of, args).fetchone() == (finalised,)
         rows = writer.execute(PIPELINE.fresh, args).fetchall()
         assert [tuple(r[:2]) for r in rows] == [(False, None)], pairs
         assert writer.execute(received).fetchall() == before, pairs
     args = _fresh_args([100], [(100, 5)])
-    writer.execute(PIPELINE.finalised_of, args)
     rows = writer.execute(PIPELINE.fresh, args).fetchall()
     assert [(r[0], r[2]) for r in rows] == [(True, 100)]  # ok, then the step row
     assert writer.execute(received).fetchall() == [(100, 1), (101, 0)]
