@@ -140,8 +140,10 @@ def ingest_fresh(
     what :func:`ingest_merged` would, or None, with nothing stored, when the dialect
     found something stored, a step finalised, or the rules would refuse a batch (then
     the caller stores them as before, and that path says what is wrong)."""
+    if not dialect.finalises_after_commit:  # its steps are finalised inside: no fresh write
+        return None
     merged = batches[0][0] if len(batches) == 1 else merge([b for b, _ in batches])
-    if merged is None or not dialect.finalises_after_commit:
+    if merged is None:
         return None
     now = min(t for _, t in batches)
     assumed = rules.probe_from(run, merged, now, {}, set(), {}, {})
