@@ -49,6 +49,7 @@ from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
+from steptally.service.store.pg_arrays import Int8Array, byteas, int4s, int8s
 from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
 from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row, state_of
 
@@ -200,8 +201,8 @@ class PostgresDialect:
             **_commit_params(batch, list(batch.commits)),
             **_partial_params(partials),
             **_added_params(run, added, now),
-            "k_step": [s for s, _ in pairs],
-            "k_rank": [r for _, r in pairs],
+            "k_step": int8s([s for s, _ in pairs]),
+            "k_rank": int4s([r for _, r in pairs]),
             "finalised": FINALISED,
         }
         steps = driver.cursor(row_factory=namedtuple_row)
@@ -227,7 +228,7 @@ class PostgresDialect:
         )
         driver = conn.connection.driver_connection
         assert driver is not None
-        driver.execute(PIPELINE.lock_pairs, {"keys": keys})
+        driver.execute(PIPELINE.lock_pairs, {"keys": int8s(keys)})
 
     def downsample(
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
@@ -235,8 +236,8 @@ class PostgresDialect:
         return sql_series.downsampled_pg(conn, params, in_range)
 
 
-def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> list[int]:
-    return sorted(pair_lock_key(run_id, s, r) for s, r in pairs)
+def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> Int8Array:
+    return int8s(sorted(pair_lock_key(run_id, s, r) for s, r in pairs))
 
 
 def _added_params(run: RunRecord, added: Mapping[int, Delta], now: float) -> dict[str, Any]:
@@ -246,10 +247,10 @@ def _added_params(run: RunRecord, added: Mapping[int, Delta], now: float) -> dic
         del out[column]
     steps = sorted(added)
     out["world_size"] = run.world_size
-    out["step"] = steps
-    out["received"] = [added[s].received for s in steps]
-    out["committed"] = [added[s].committed for s in steps]
-    out["expected"] = [added[s].expected for s in steps]
+    out["step"] = int8s(steps)
+    out["received"] = int8s([added[s].received for s in steps])
+    out["committed"] = int4s([added[s].committed for s in steps])
+    out["expected"] = int8s([added[s].expected for s in steps])
     return out
 
 
@@ -263,24 +264,32 @@ def _copy_fragments(driver: Any, rows: Sequence[tuple[Any, ...]]) -> None:
 
 def _partial_params(rows: Sequence[PartialRow]) -> dict[str, Any]:
     return {
-        "p_step": [s for s, _, _, _ in rows],
-        "p_rank": [r for _, r, _, _ in rows],
-        "p_fragments": [n for _, _, n, _ in rows],
-        "p_state": [st for _, _, _, st in rows],
+        "p_step": int8s([s for s, _, _, _ in rows]),
+        "p_rank": int4s([r for _, r, _, _ in rows]),
+        "p_fragments": int8s([n for _, _, n, _ in rows]),
+        "p_state": byteas([st for _, _, _, st in rows]),
     }
 
 
 def _fragment_params(run_id: int, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
     """:func:`~.sql_step.fragment_rows` as one array per column."""
-    names = ("step", "rank", "seq", "values_f64", "present", "tails", "seqs")
-    out: dict[str, Any] = {f"f_{n}": [row[i + 1] for row in rows] for i, n in enumerate(names)}
+    columns = list(zip(*rows, strict=True)) if rows else [()] * 8
+    out: dict[str, Any] = {
+        "f_step": int8s(columns[1]),
+        "f_rank": int4s(columns[2]),
+        "f_seq": int8s(columns[3]),
+        "f_values_f64": byteas(columns[4]),
+        "f_present": byteas(columns[5]),
+        "f_tails": byteas(columns[6]),
+        "f_seqs": byteas(columns[7]),
+    }
     out["run_id"] = run_id
     return out
 
 
 def _commit_params(batch: PreparedBatch, new: Sequence[CommitKey]) -> dict[str, Any]:
     return {
-        "c_step": [k[0] for k in new],
-        "c_rank": [k[1] for k in new],
-        "c_fragments": [batch.commits[k] for k in new],
+        "c_step": int8s([k[0] for k in new]),
+        "c_rank": int4s([k[1] for k in new]),
+        "c_fragments": int8s([batch.commits[k] for k in new]),
     }
