@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Row, Select, Table, func, insert, select, update
+from sqlalchemy import Connection, Row, Select, Table, bindparam, func, insert, select, update
 
 from steptally.client.algebra import MetricSpec
 from steptally.service.domain.run import RunDraft, RunRecord
@@ -41,6 +41,15 @@ def load_run(
     return _record(row, _columns(conn, [row.id])[row.id])
 
 
+# what of a run can change, in one statement built once
+_CURRENT = select(
+    RUNS.c.spec,
+    RUNS.c.world_size,
+    RUNS.c.step_timeout_s,
+    select(func.count()).where(METRICS.c.run_id == bindparam("run")).scalar_subquery(),
+).where(RUNS.c.id == bindparam("run"))
+
+
 class KnownRuns:
     """Runs as a store last read them, by id. :meth:`current` reads what of a run can
     change (its spec's text, its number of metric columns; one small statement) and
@@ -52,9 +61,7 @@ class KnownRuns:
         self._lock = threading.Lock()
 
     def current(self, conn: Connection, run_id: int) -> RunRecord | None:
-        columns = select(func.count()).where(METRICS.c.run_id == run_id).scalar_subquery()
-        stmt = select(RUNS.c.spec, RUNS.c.world_size, RUNS.c.step_timeout_s, columns)
-        row = conn.execute(stmt.where(RUNS.c.id == run_id)).first()
+        row = conn.execute(_CURRENT, {"run": run_id}).first()
         if row is None:
             return None
         key = tuple(row)
