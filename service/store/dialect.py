@@ -45,6 +45,7 @@ from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.dialects import sqlite
 
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.finalise import StoredValue
 from steptally.service.domain.packing import unbundled
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
@@ -56,6 +57,7 @@ from steptally.service.store.sql_step import (
     fragment_rows,
     state_of_tuple,
     step_tuple,
+    upsert_values,
 )
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
@@ -127,6 +129,13 @@ class Dialect(Protocol):
         and ``added`` what it adds to its steps): the steps as :meth:`apply` returns
         them. None when that does not hold (or the dialect has no such path), with
         nothing written: the batch then takes :meth:`probe` and :meth:`apply`."""
+        ...
+
+    def write_values(
+        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
+    ) -> None:
+        """Write a finalisation's step values, ``(step, (col, value, state))``, each
+        replacing the step's earlier value of its column."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -288,6 +297,11 @@ class SqliteDialect:
         now: float,
     ) -> list[StepState] | None:
         return None  # the probe is one read of the database, and the group's whole
+
+    def write_values(
+        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
+    ) -> None:
+        upsert_values(self.sql, conn, run_id, values)
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
         pass  # the group's transaction holds the whole database already

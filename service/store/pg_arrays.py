@@ -5,7 +5,8 @@ group's rows as one array parameter, about twenty a group. psycopg's list dumper
 inspects each list element by element in Python before it encodes it (the element
 type, its dimensions, each value's dumper): ~6 µs an array, most of the writer's
 fixed cost a group beside the round trip (bench/README.md, Scale). The columns here
-are of known types, so :func:`int8s`, :func:`int4s` and :func:`byteas` build the form
+are of known types, so :func:`int8s`, :func:`int4s`, :func:`int2s`, :func:`float8s`
+and :func:`byteas` build the form
 that the server's ``array_recv`` reads — dimensions, element type, each element's
 length and bytes, big-endian — in one ``struct`` call or one join, as a ``bytes``
 subclass that a dumper registered for it passes on untouched, typed as the array it is.
@@ -27,6 +28,7 @@ from psycopg.pq import Format
 _HEAD = struct.Struct(">iii")  # dimensions, has nulls, element type
 _LENGTH = struct.Struct(">i")
 _NULL = _LENGTH.pack(-1)
+_FLOAT8 = struct.Struct(">id")  # an element's length, then the value
 
 
 class PgArray(bytes):
@@ -49,6 +51,16 @@ class Int4Array(PgArray):
 class ByteaArray(PgArray):
     __slots__ = ()
     element_oid = 17
+
+
+class Int2Array(PgArray):
+    __slots__ = ()
+    element_oid = 21
+
+
+class Float8Array(PgArray):
+    __slots__ = ()
+    element_oid = 701
 
 
 @cache
@@ -74,6 +86,24 @@ def int8s(values: Sequence[int]) -> Int8Array:
 def int4s(values: Sequence[int]) -> Int4Array:
     """``values`` as an ``INTEGER[]`` (each in the signed 32-bit range, or ``struct.error``)."""
     return _fixed(Int4Array, "i", 4, values)  # type: ignore[return-value]
+
+
+def int2s(values: Sequence[int]) -> Int2Array:
+    """``values`` as a ``SMALLINT[]`` (each in the signed 16-bit range, or ``struct.error``)."""
+    return _fixed(Int2Array, "h", 2, values)  # type: ignore[return-value]
+
+
+def float8s(values: Sequence[float | None]) -> Float8Array:
+    """``values`` as a ``DOUBLE PRECISION[]``, None a null (every float as it is:
+    infinities and NaN included, bit for bit)."""
+    n = len(values)
+    if not n:
+        return Float8Array(_HEAD.pack(0, 0, Float8Array.element_oid))
+    nulls = any(v is None for v in values)
+    parts = [_HEAD.pack(1, int(nulls), Float8Array.element_oid), _LENGTH.pack(n), _LENGTH.pack(1)]
+    pack = _FLOAT8.pack
+    parts.extend(_NULL if v is None else pack(8, v) for v in values)
+    return Float8Array(b"".join(parts))
 
 
 def byteas(values: Sequence[bytes | None]) -> ByteaArray:
@@ -106,7 +136,14 @@ def _register() -> None:
     """Every psycopg connection made from now on dumps the arrays above (the global
     adapters are copied into each new connection)."""
     types = psycopg.adapters.types
-    for cls, name in ((Int8Array, "int8"), (Int4Array, "int4"), (ByteaArray, "bytea")):
+    arrays = (
+        (Int8Array, "int8"),
+        (Int4Array, "int4"),
+        (Int2Array, "int2"),
+        (Float8Array, "float8"),
+        (ByteaArray, "bytea"),
+    )
+    for cls, name in arrays:
         info = types[name]
         assert info.oid == cls.element_oid
         dumper = type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": info.array_oid})

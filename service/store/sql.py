@@ -332,7 +332,7 @@ class SqlStore:
             run = self._runs.current(conn, run_id)
             assert run is not None
             done = finalise_row(conn, self.dialect.sql, run, row, None, now)
-            write_steps(conn, self.dialect.sql, run_id, [row])
+            write_steps(conn, self.dialect.sql, run_id, [row], self.dialect.write_values)
             return done
 
     def deadline_of(self, run_id: int, step: int) -> float | None:

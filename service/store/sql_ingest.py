@@ -340,5 +340,5 @@ def _finalise(
         out.append(finalise_row(conn, dialect.sql, current, row, status, now, done))
         done.append(row)
     if done:
-        write_steps(conn, dialect.sql, run.id, done)
+        write_steps(conn, dialect.sql, run.id, done, dialect.write_values)
     return out

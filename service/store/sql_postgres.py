@@ -44,12 +44,13 @@ from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
 
 from steptally.service.domain.batch import CommitKey, PreparedBatch
+from steptally.service.domain.finalise import StoredValue
 from steptally.service.domain.packing import unbundled
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
-from steptally.service.store.pg_arrays import Int8Array, byteas, int4s, int8s
+from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s, int4s, int8s
 from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
 from steptally.service.store.sql_step import PartialRow, fragment_rows, new_row, state_of
 
@@ -217,6 +218,23 @@ class PostgresDialect:
         for row in out:
             row.changed = True
         return out
+
+    def write_values(
+        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
+    ) -> None:
+        """A finalisation's step values as one statement of arrays (:data:`PIPELINE`
+        ``upsert_values``): SQLAlchemy's executemany sent a statement a value, each
+        row's parameters dumped in Python (half a finalisation's CPU at 8 ranks)."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        params = {
+            "run_id": run_id,
+            "col": int4s([c for _, (c, _, _) in values]),
+            "step": int8s([s for s, _ in values]),
+            "value": float8s([v for _, (_, v, _) in values]),
+            "state": int2s([st for _, (_, _, st) in values]),
+        }
+        driver.execute(PIPELINE.upsert_values, params)
 
     def lock_group(
         self, conn: Connection, batches: Sequence[tuple[RunRecord, PreparedBatch, float]]

@@ -3,6 +3,7 @@ back by real PostgreSQL exactly as psycopg's own list dumper sends them."""
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from steptally.service.store.pg_arrays import byteas, int4s, int8s
+from steptally.service.store.pg_arrays import byteas, float8s, int2s, int4s, int8s
 
 pytestmark = pytest.mark.postgres
 
@@ -28,6 +29,13 @@ CASES: list[tuple[Any, str, list[Any]]] = [
     (int8s, "BIGINT", [-(2**63), 2**63 - 1, 1, -1, 2**40 + 7]),
     (int4s, "INTEGER", [-(2**31), 2**31 - 1, 0, 255]),
     (int4s, "INTEGER", []),
+    (int2s, "SMALLINT", [-(2**15), 2**15 - 1, 0, 2]),
+    (float8s, "DOUBLE PRECISION", []),
+    (
+        float8s,
+        "DOUBLE PRECISION",
+        [0.1, -0.0, None, math.inf, -math.inf, 5e-324, 1.7976931348623157e308],
+    ),
     (byteas, "BYTEA", []),
     (byteas, "BYTEA", [b"", b"\x00\xff" * 1000, None, b"x"]),
     (byteas, "BYTEA", [None, None]),
@@ -42,6 +50,15 @@ def test_an_array_reads_back_as_the_list_it_was_made_of(
     ours = conn.execute(f"SELECT %b::{kind}[]", [encode(values)]).fetchone()
     theirs = conn.execute(f"SELECT %b::{kind}[]", [values]).fetchone()
     assert ours == theirs == (values,)
+    if encode is float8s:  # bit for bit: -0.0 stays negative
+        assert [math.copysign(1, v) for v in ours[0] if v is not None] == [
+            math.copysign(1, v) for v in values if v is not None
+        ]
+
+
+def test_nan_goes_through_as_nan(conn: psycopg.Connection) -> None:
+    (got,) = conn.execute("SELECT %b::DOUBLE PRECISION[]", [float8s([math.nan])]).fetchone()
+    assert len(got) == 1 and math.isnan(got[0])
 
 
 def test_arrays_unnest_side_by_side_as_the_statements_use_them(conn: psycopg.Connection) -> None:
