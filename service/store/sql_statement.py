@@ -365,6 +365,7 @@ class SqliteText:
     insert_commits: RowsInsert
     upsert_partials: RowsInsert
     upsert_steps: RowsInsert  # step rows; a stored one takes the row's counters
+    upsert_values: RowsInsert  # step_values rows, replacing a step's earlier values
 
 
 _of = f"run_id = ? AND {_in_json('step')} AND {_in_json('rank')}"
@@ -399,5 +400,10 @@ SQLITE = SqliteText(
         STEPS,
         " ON CONFLICT (run_id, step) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in _counters),
+    ),
+    upsert_values=_rows_insert(
+        STEP_VALUES,
+        f" ON CONFLICT ({_value_keys}) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
 )
