@@ -143,7 +143,7 @@ def ingest_fresh(
     if not dialect.finalises_after_commit:  # its steps are finalised inside: no fresh write
         return None
     merged = batches[0][0] if len(batches) == 1 else merge([b for b, _ in batches])
-    if merged is None:
+    if not merged:  # two batches of one pair, or nothing to write
         return None
     now = min(t for _, t in batches)
     assumed = rules.probe_from(run, merged, now, {}, set(), {}, {})

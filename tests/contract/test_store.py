@@ -134,6 +134,18 @@ def test_a_step_completes_when_every_rank_committed_all_its_fragments(store: Sto
     assert (summary.last_finalised_step, summary.last_finalised_at) == (0, T0 + 2)
 
 
+def test_an_empty_batch_is_stored_as_nothing(store: Store) -> None:
+    run = _register(store)
+    outcome = store.ingest(run, _batch(run), T0 + 1)
+    assert (outcome.accepted, outcome.duplicates, outcome.commits, outcome.finalised) == (
+        0,
+        0,
+        0,
+        [],
+    )
+    assert store.list_steps(run, None, None, 10) == []
+
+
 def test_a_batch_sent_again_is_all_duplicates_and_changes_nothing(store: Store) -> None:
     run = _register(store)
     batch = _batch(run, [RANK0, RANK1], [(0, 0, 1), (0, 1, 1)])
