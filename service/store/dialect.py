@@ -21,6 +21,7 @@ talks to. A dialect brings:
   the checks need; then write the new rows, the partial rows and the steps' counters;
 * ``store_fresh``: where the dialect can, a batch of which nothing is stored yet, the
   checks and the writes in one go (PostgreSQL: one round trip);
+* ``write_values``: a finalisation's step values, as one statement;
 * ``finalises_after_commit``: whether a batch stored alone commits in ``apply`` and has
   its steps finalised in a transaction of their own (PostgreSQL, where a step's row is
   then locked only while its counters change) or inside its own (SQLite);
@@ -29,7 +30,8 @@ talks to. A dialect brings:
 * ``downsample``: a long series' kept steps in one statement (:mod:`.sql_series`).
 
 :class:`SqliteDialect` sends its statements through the driver, one at a time;
-:class:`~.sql_postgres.PostgresDialect` pipelines them, two round trips a batch.
+:class:`~.sql_postgres.PostgresDialect` pipelines them: one round trip a batch of
+which nothing is stored yet (``store_fresh``), else two.
 """
 
 from __future__ import annotations
