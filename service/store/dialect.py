@@ -297,7 +297,7 @@ class SqliteDialect:
         partials: Sequence[PartialRow],
         now: float,
     ) -> list[StepState] | None:
-        return None  # the probe is one read of the database, and the group's whole
+        return None  # no such path: the probe is one read, in the group's own transaction
 
     def write_values(
         self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]

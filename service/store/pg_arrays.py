@@ -18,8 +18,9 @@ an array of another type is refused by the server, never misread.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
+from typing import Any
 
 import psycopg
 from psycopg.adapt import Buffer, Dumper
@@ -27,6 +28,7 @@ from psycopg.pq import Format
 
 _HEAD = struct.Struct(">iii")  # dimensions, has nulls, element type
 _LENGTH = struct.Struct(">i")
+_DIMENSION = struct.Struct(">ii")  # its length, its lower bound
 _NULL = _LENGTH.pack(-1)
 _FLOAT8 = struct.Struct(">id")  # an element's length, then the value
 
@@ -69,13 +71,26 @@ def _numbers(code: str, n: int) -> struct.Struct:
     return struct.Struct(">iiiii" + ("i" + code) * n)
 
 
+def _empty(cls: type[PgArray]) -> PgArray:
+    return cls(_HEAD.pack(0, 0, cls.element_oid))
+
+
 def _fixed(cls: type[PgArray], code: str, size: int, values: Sequence[int]) -> PgArray:
     n = len(values)
     if not n:
-        return cls(_HEAD.pack(0, 0, cls.element_oid))
+        return _empty(cls)
     pairs = [size] * (2 * n)
     pairs[1::2] = values
     return cls(_numbers(code, n).pack(1, 0, cls.element_oid, n, 1, *pairs))
+
+
+def _joined(cls: type[PgArray], values: Sequence[Any], elements: Iterable[bytes]) -> PgArray:
+    """The array of ``values`` (None a null) from its elements' wire form, in order."""
+    if not values:
+        return _empty(cls)
+    nulls = any(v is None for v in values)
+    head = _HEAD.pack(1, int(nulls), cls.element_oid) + _DIMENSION.pack(len(values), 1)
+    return cls(b"".join([head, *elements]))
 
 
 def int8s(values: Sequence[int]) -> Int8Array:
@@ -96,31 +111,24 @@ def int2s(values: Sequence[int]) -> Int2Array:
 def float8s(values: Sequence[float | None]) -> Float8Array:
     """``values`` as a ``DOUBLE PRECISION[]``, None a null (every float as it is:
     infinities and NaN included, bit for bit)."""
-    n = len(values)
-    if not n:
-        return Float8Array(_HEAD.pack(0, 0, Float8Array.element_oid))
-    nulls = any(v is None for v in values)
-    parts = [_HEAD.pack(1, int(nulls), Float8Array.element_oid), _LENGTH.pack(n), _LENGTH.pack(1)]
     pack = _FLOAT8.pack
-    parts.extend(_NULL if v is None else pack(8, v) for v in values)
-    return Float8Array(b"".join(parts))
+    elements = (_NULL if v is None else pack(8, v) for v in values)
+    return _joined(Float8Array, values, elements)  # type: ignore[return-value]
 
 
 def byteas(values: Sequence[bytes | None]) -> ByteaArray:
     """``values`` as a ``BYTEA[]``, None a null."""
-    n = len(values)
-    if not n:
-        return ByteaArray(_HEAD.pack(0, 0, ByteaArray.element_oid))
-    nulls = any(v is None for v in values)
-    parts = [_HEAD.pack(1, int(nulls), ByteaArray.element_oid), _LENGTH.pack(n), _LENGTH.pack(1)]
-    pack = _LENGTH.pack
-    for v in values:
-        if v is None:
-            parts.append(_NULL)
-        else:
-            parts.append(pack(len(v)))
-            parts.append(v)
-    return ByteaArray(b"".join(parts))
+
+    def elements() -> Iterator[bytes]:
+        pack = _LENGTH.pack
+        for v in values:
+            if v is None:
+                yield _NULL
+            else:
+                yield pack(len(v))
+                yield v
+
+    return _joined(ByteaArray, values, elements())  # type: ignore[return-value]
 
 
 class _ArrayDumper(Dumper):

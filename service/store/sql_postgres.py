@@ -187,10 +187,9 @@ class PostgresDialect:
         and none of its steps is finalised: lock its pairs, then one statement
         (:data:`PIPELINE` ``fresh``) that checks both and, only if they hold, makes
         every write of :meth:`apply` (its fragments, commits and partial rows all new,
-        ``added`` to the steps), then the commit.
-        Returns the steps as :meth:`apply` does, or None when they did not hold:
-        nothing written, the transaction over. A batch large enough to be copied is
-        left to :meth:`probe` and :meth:`apply`."""
+        ``added`` to the steps), then the commit. Returns the steps as :meth:`apply`
+        does, or None when they did not hold: nothing written, the transaction over.
+        A batch large enough to be copied is left to :meth:`probe` and :meth:`apply`."""
         rows = fragment_rows(run.id, batch, list(batch.fragments))
         if len(rows) >= COPY_MIN_ROWS:
             return None

@@ -45,7 +45,6 @@ class Statements:
 
     update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
     fragments_of: Any  # (step, rank, seq, values, present, tails, seqs): :run, :steps, :ranks
-    upsert_values: Any  # step_values rows, replacing a step's earlier values
     partials_of_step: Any  # (rank, fragments, state) of :run, :step
     insert_breaches: Any  # breaches rows; a (step, rule) already stored stays as it is
 
@@ -60,7 +59,6 @@ def _where(table: Table) -> Any:
 
 def core(insert: Callable[[Table], Any]) -> Statements:
     """The statements over a dialect's ``insert`` (``sqlite.insert``, ``postgresql.insert``)."""
-    values = insert(STEP_VALUES)
     f, p = FRAGMENTS.c, PARTIALS.c
     return Statements(
         update_steps=update(STEPS)
@@ -68,10 +66,6 @@ def core(insert: Callable[[Table], Any]) -> Statements:
         .values({name: bindparam(f"v_{name}") for name in STEP_FIELDS}),
         fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails, f.seqs).where(
             *_where(FRAGMENTS)
-        ),
-        upsert_values=values.on_conflict_do_update(
-            index_elements=[k.name for k in STEP_VALUES.primary_key],
-            set_={"value": values.excluded.value, "state": values.excluded.state},
         ),
         partials_of_step=select(p.rank, p.fragments, p.state).where(
             p.run_id == bindparam("run"), p.step == bindparam("step")

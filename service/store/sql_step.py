@@ -136,14 +136,14 @@ def write_steps(
     sql: Statements,
     run_id: int,
     rows: Sequence[StepState],
-    write_values: ValuesWriter | None = None,
+    write_values: ValuesWriter,
 ) -> None:
-    """Write the changed step rows and the values of those just finalised (by
-    ``write_values`` where the dialect has a faster way, else :func:`upsert_values`)."""
+    """Write the changed step rows and the values of those just finalised (by the
+    dialect's ``write_values``)."""
     write_breaches(conn, sql, run_id, rows)
     values = pending_values(rows)
     if values:
-        (write_values or functools.partial(upsert_values, sql))(conn, run_id, values)
+        write_values(conn, run_id, values)
     params = [
         {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in STEP_FIELDS}}
         for r in rows
@@ -157,19 +157,6 @@ def write_steps(
 
 #: writes ``(step, (col, value, state))`` step values of a run
 ValuesWriter = Callable[[Connection, int, Sequence[tuple[int, StoredValue]]], None]
-
-
-def upsert_values(
-    sql: Statements, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
-) -> None:
-    """Step values, each replacing the step's earlier value of its column."""
-    conn.execute(
-        sql.upsert_values,
-        [
-            {"run_id": run_id, "col": c, "step": s, "value": v, "state": st}
-            for s, (c, v, st) in values
-        ],
-    )
 
 
 def write_breaches(
