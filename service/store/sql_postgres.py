@@ -36,9 +36,11 @@ that the pipeline's ``INSERT ... SELECT`` empties.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import psycopg
+from psycopg import pq
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
@@ -206,10 +208,9 @@ class PostgresDialect:
             "finalised": FINALISED,
         }
         steps = driver.cursor(row_factory=namedtuple_row)
-        with driver.pipeline():
+        with whole_transaction(driver):
             driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
             steps.execute(PIPELINE.fresh, params)
-            driver.commit()
         found = steps.fetchall()
         if not found[0].ok:
             return None
@@ -251,6 +252,43 @@ class PostgresDialect:
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
     ) -> tuple[Sequence[Any], int]:
         return sql_series.downsampled_pg(conn, params, in_range)
+
+
+@contextlib.contextmanager
+def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
+    """The block's statements as one transaction in ONE round trip: ``BEGIN``, the
+    statements and ``COMMIT`` sent in one pipeline, answered after its one Sync.
+
+    Left to begin the transaction itself, psycopg sends its ``BEGIN`` in a pipeline
+    with a Sync of its own and waits for the answer (to learn the transaction's
+    status): a round trip more, ~0.1 ms on this machine (bench/README.md, Scale). So the
+    connection is switched to autocommit, which psycopg leaves alone, and the block's
+    transaction is begun and committed by statements of its own; an error leaves the
+    transaction rolled back. Called on a connection already in a transaction, the block
+    joins it, and the ``COMMIT`` ends it."""
+    if driver.autocommit or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        with driver.pipeline():
+            yield
+            driver.execute(b"COMMIT")
+        return
+    driver.autocommit = True
+    try:
+        with driver.pipeline():
+            driver.execute(_begin(driver))
+            yield
+            driver.execute(b"COMMIT")
+    finally:
+        if driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            driver.rollback()  # the pipeline failed: its transaction is aborted
+        driver.autocommit = False
+
+
+def _begin(driver: psycopg.Connection[Any]) -> bytes:
+    """The ``BEGIN`` psycopg would send: this connection's isolation level, if set."""
+    if driver.isolation_level is None:
+        return b"BEGIN"
+    level = psycopg.IsolationLevel(driver.isolation_level).name.replace("_", " ")
+    return f"BEGIN ISOLATION LEVEL {level}".encode()
 
 
 def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> Int8Array:
