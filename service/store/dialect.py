@@ -22,6 +22,7 @@ talks to. A dialect brings:
 * ``store_fresh``: where the dialect can, a batch of which nothing is stored yet, the
   checks and the writes in one go (PostgreSQL: one round trip);
 * ``write_values``: a finalisation's step values, as one statement;
+* ``read_parts``: a step's partial rows and commits, for its finalisation;
 * ``finalises_after_commit``: whether a batch stored alone commits in ``apply`` and has
   its steps finalised in a transaction of their own (PostgreSQL, where a step's row is
   then locked only while its counters change) or inside its own (SQLite);
@@ -56,7 +57,9 @@ from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_statement import SQLITE, RowsInsert, Statements, core
 from steptally.service.store.sql_step import (
     PartialRow,
+    StepParts,
     fragment_rows,
+    read_parts,
     state_of_tuple,
     step_tuple,
 )
@@ -137,6 +140,11 @@ class Dialect(Protocol):
     ) -> None:
         """Write a finalisation's step values, ``(step, (col, value, state))``, each
         replacing the step's earlier value of its column."""
+        ...
+
+    def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
+        """A step's partial rows ``(rank, fragments, state)`` and commits ``(rank,
+        fragments)``: what its finalisation merges."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -306,6 +314,9 @@ class SqliteDialect:
         parameters in Python: a third of a finalisation's CPU at 8 ranks)."""
         rows = [(run_id, c, s, v, st) for s, (c, v, st) in values]
         _insert(_driver(conn), SQLITE.upsert_values, rows)
+
+    def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
+        return read_parts(conn, run_id, step)
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
         pass  # the group's transaction holds the whole database already

@@ -331,7 +331,7 @@ class SqlStore:
                 return None  # another instance got there first
             run = self._runs.current(conn, run_id)
             assert run is not None
-            done = finalise_row(conn, self.dialect.sql, run, row, None, now)
+            done = finalise_row(conn, self.dialect.read_parts, run, row, None, now)
             write_steps(conn, self.dialect.sql, run_id, [row], self.dialect.write_values)
             return done
 

@@ -337,7 +337,7 @@ def _finalise(
         if status is None:
             continue
         current = current or reload()
-        out.append(finalise_row(conn, dialect.sql, current, row, status, now, done))
+        out.append(finalise_row(conn, dialect.read_parts, current, row, status, now, done))
         done.append(row)
     if done:
         write_steps(conn, dialect.sql, run.id, done, dialect.write_values)

@@ -45,7 +45,6 @@ class Statements:
 
     update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
     fragments_of: Any  # (step, rank, seq, values, present, tails, seqs): :run, :steps, :ranks
-    partials_of_step: Any  # (rank, fragments, state) of :run, :step
     insert_breaches: Any  # breaches rows; a (step, rule) already stored stays as it is
 
 
@@ -59,16 +58,13 @@ def _where(table: Table) -> Any:
 
 def core(insert: Callable[[Table], Any]) -> Statements:
     """The statements over a dialect's ``insert`` (``sqlite.insert``, ``postgresql.insert``)."""
-    f, p = FRAGMENTS.c, PARTIALS.c
+    f = FRAGMENTS.c
     return Statements(
         update_steps=update(STEPS)
         .where(STEPS.c.run_id == bindparam("k_run"), STEPS.c.step == bindparam("k_step"))
         .values({name: bindparam(f"v_{name}") for name in STEP_FIELDS}),
         fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails, f.seqs).where(
             *_where(FRAGMENTS)
-        ),
-        partials_of_step=select(p.rank, p.fragments, p.state).where(
-            p.run_id == bindparam("run"), p.step == bindparam("step")
         ),
         insert_breaches=insert(BREACHES).on_conflict_do_nothing(),
     )
@@ -281,8 +277,18 @@ class PipelineText:
     fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
+    partials_of_step: str  # %(run)s, %(step)s: (rank, fragments, state) of its partial rows
+    commits_of_step: str  # %(run)s, %(step)s: (rank, fragments) of its commits
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
+
+
+def _of_step(table: Table, *columns: str) -> str:
+    c = table.c
+    return (
+        f"SELECT {', '.join(columns)} FROM {table.name} "
+        f"WHERE run_id = {_param(c.run_id, 'run')} AND step = {_param(c.step, 'step')}"
+    )
 
 
 _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
@@ -302,6 +308,8 @@ PIPELINE = PipelineText(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
+    partials_of_step=_of_step(PARTIALS, "rank", "fragments", "state"),
+    commits_of_step=_of_step(COMMITS, "rank", "fragments"),
     copy_fragments=(
         f"COPY {FRAGMENTS.name} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)"
     ),

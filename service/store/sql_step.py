@@ -41,6 +41,7 @@ from steptally.service.store.protocol import FinalisedStep, StepRecord
 from steptally.service.store.sql_statement import (
     COMMITS,
     FRAGMENTS,
+    PARTIALS,
     STATE_COLUMNS,
     STEP_FIELDS,
     STEP_VALUES,
@@ -110,6 +111,23 @@ _STEPS_OF = (
 _COMMITS_OF_STEP = select(COMMITS.c.rank, COMMITS.c.fragments).where(
     COMMITS.c.run_id == bindparam("run"), COMMITS.c.step == bindparam("step")
 )
+_PARTIALS_OF_STEP = select(PARTIALS.c.rank, PARTIALS.c.fragments, PARTIALS.c.state).where(
+    PARTIALS.c.run_id == bindparam("run"), PARTIALS.c.step == bindparam("step")
+)
+
+#: a step's partial rows ``(rank, fragments, state)`` and commits ``(rank, fragments)``
+StepParts = tuple[list[tuple[int, int, bytes]], list[tuple[int, int]]]
+#: reads :data:`StepParts` of ``(run_id, step)``: the dialect's ``read_parts``
+PartsReader = Callable[[Connection, int, int], StepParts]
+
+
+def read_parts(conn: Connection, run_id: int, step: int) -> StepParts:
+    """A step's partial rows and commits, two statements (what a dialect's
+    ``read_parts`` does unless it can do better)."""
+    params = {"run": run_id, "step": step}
+    parts = [(r, n, bytes(st)) for r, n, st in conn.execute(_PARTIALS_OF_STEP, params)]
+    commits = [(r, n) for r, n in conn.execute(_COMMITS_OF_STEP, params)]
+    return parts, commits
 
 
 @functools.lru_cache(maxsize=16)  # one a dialect
@@ -234,17 +252,17 @@ def fragment_rows(
 
 
 def load_partials(
-    conn: Connection, sql: Statements, run: RunRecord, row: StepState
+    conn: Connection, read: PartsReader, run: RunRecord, row: StepState
 ) -> tuple[Progress, Contributions] | None:
-    """A step's commits, arrivals per rank and merged partial state; None when its
-    partial rows do not hold every fragment the step received."""
-    parts = conn.execute(sql.partials_of_step, {"run": run.id, "step": row.step}).all()
-    received = Counter({p.rank: p.fragments for p in parts})
+    """A step's commits, arrivals per rank and merged partial state (``read``: the
+    dialect's ``read_parts``); None when its partial rows do not hold every fragment
+    the step received."""
+    parts, commits = read(conn, run.id, row.step)
+    received = Counter({rank: n for rank, n, _ in parts})
     if received.total() != row.received:
         return None
-    commits = conn.execute(_COMMITS_OF_STEP, {"run": run.id, "step": row.step}).all()
-    progress = Progress(run.world_size, {c.rank: c.fragments for c in commits}, received)
-    return progress, partial.merged(run, (bytes(p.state) for p in parts))
+    progress = Progress(run.world_size, dict(commits), received)
+    return progress, partial.merged(run, (state for _, _, state in parts))
 
 
 def history(
@@ -293,7 +311,7 @@ _NO_COL = -(2**31)
 
 def finalise_row(
     conn: Connection,
-    sql: Statements,
+    read: PartsReader,
     run: RunRecord,
     row: StepState,
     status: StepStatus | None,
@@ -301,10 +319,10 @@ def finalise_row(
     earlier: Sequence[StepState] = (),
 ) -> FinalisedStep:
     """Finalise a locked step as ``status`` (None: complete if it is, else partial),
-    from its partial rows where they hold every fragment, else from its fragments, and
-    check the run's alert rules against it (``earlier``: the steps finalised before it
-    in this transaction)."""
-    progress, cells = load_partials(conn, sql, run, row) or load_live(conn, run, row.step)
+    from its partial rows where they hold every fragment (``read``: the dialect's
+    ``read_parts``), else from its fragments, and check the run's alert rules against
+    it (``earlier``: the steps finalised before it in this transaction)."""
+    progress, cells = load_partials(conn, read, run, row) or load_live(conn, run, row.step)
     result = step_rules.finalise(
         run, row, progress, cells, status, now, history(conn, run, row.step, earlier)
     )

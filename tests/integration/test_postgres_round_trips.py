@@ -1,5 +1,6 @@
-"""A whole transaction in one round trip (:func:`.sql_postgres.whole_transaction`),
-against real PostgreSQL, its messages read from libpq's own trace.
+"""PostgreSQL's hot statements in one round trip each, against real PostgreSQL, the
+messages read from libpq's own trace: a whole transaction
+(:func:`.sql_postgres.whole_transaction`), and a finalisation's read of a step's parts.
 
 psycopg, left to begin a transaction inside a pipeline, sends its ``BEGIN`` with a Sync
 of its own and waits for the answer before the statements go: one round trip more
@@ -7,6 +8,7 @@ for every fresh group a writer stores."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +18,9 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from steptally.service.store.sql_postgres import whole_transaction
+from steptally.service.store.engine import make_engine
+from steptally.service.store.sql_postgres import PostgresDialect, whole_transaction
+from steptally.service.store.sql_step import read_parts
 
 pytestmark = pytest.mark.postgres
 
@@ -115,3 +119,45 @@ def test_the_connections_isolation_level_is_kept(conn: psycopg.Connection) -> No
     with whole_transaction(conn):
         level = conn.execute("SHOW transaction_isolation")
     assert level.fetchone() == ("serializable",)
+
+
+def test_a_steps_parts_come_in_one_round_trip_bit_for_bit(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The finalisation's read of a step's partial rows and commits: the same rows as
+    the statements through SQLAlchemy, each state byte for byte, in one round trip."""
+    from tests.integration.conftest import _empty
+
+    _empty(postgres_url)
+    engine = make_engine(postgres_url)
+    rnd = random.Random(5)
+    states = {rank: rnd.randbytes(rnd.choice([0, 1, 1600, 9000])) for rank in range(40)}
+    try:
+        with engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(
+                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                "VALUES (1, 'r', 64, '{}', 60, 0)"
+            )
+            for step in (3, 4):
+                for rank, state in states.items():
+                    driver.execute(
+                        "INSERT INTO partials VALUES (1, %s, %s, %s, %s)",
+                        (step, rank, rank + step, state),
+                    )
+                    driver.execute(
+                        "INSERT INTO commits VALUES (1, %s, %s, %s)", (step, rank, rank * 2)
+                    )
+            driver.commit()
+            driver.execute("SELECT 1")  # inside a transaction, as a finalisation reads
+            trace = tmp_path / "trace"
+            with _traced(driver, trace):
+                parts, commits = PostgresDialect().read_parts(conn, 1, 4)
+            theirs = read_parts(conn, 1, 4)
+    finally:
+        engine.dispose()
+    assert _syncs(trace) == 1
+    assert sorted(parts) == sorted(theirs[0]) == [(r, r + 4, s) for r, s in states.items()]
+    assert all(type(state) is bytes for _, _, state in parts)
+    assert sorted(commits) == sorted(theirs[1]) == [(r, r * 2) for r in states]
