@@ -21,7 +21,7 @@ talks to. A dialect brings:
   the checks need; then write the new rows, the partial rows and the steps' counters;
 * ``store_fresh``: where the dialect can, a batch of which nothing is stored yet, the
   checks and the writes in one go (PostgreSQL: one round trip);
-* ``write_values``: a finalisation's step values, as one statement;
+* ``write_steps``: a finalisation's step rows and values (and breaches);
 * ``read_parts``: a step's partial rows and commits, for its finalisation;
 * ``finalises_after_commit``: whether a batch stored alone commits in ``apply`` and has
   its steps finalised in a transaction of their own (PostgreSQL, where a step's row is
@@ -62,6 +62,7 @@ from steptally.service.store.sql_step import (
     read_parts,
     state_of_tuple,
     step_tuple,
+    write_steps,
 )
 
 GroupItem = tuple[RunRecord, PreparedBatch, float]  # a batch of a group, and its time
@@ -135,11 +136,10 @@ class Dialect(Protocol):
         nothing written: the batch then takes :meth:`probe` and :meth:`apply`."""
         ...
 
-    def write_values(
-        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
-    ) -> None:
-        """Write a finalisation's step values, ``(step, (col, value, state))``, each
-        replacing the step's earlier value of its column."""
+    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+        """Write the changed step ``rows`` and, of those finalised in this transaction,
+        their values (each replacing the step's earlier value of its column) and the
+        breaches they found."""
         ...
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
@@ -307,7 +307,10 @@ class SqliteDialect:
     ) -> list[StepState] | None:
         return None  # no such path: the probe is one read, in the group's own transaction
 
-    def write_values(
+    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+        write_steps(conn, self.sql, run_id, rows, self._write_values)
+
+    def _write_values(
         self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
     ) -> None:
         """One statement through the driver (SQLAlchemy's executemany made each row's

@@ -50,7 +50,7 @@ from steptally.service.store.sql_ingest import Stored
 from steptally.service.store.sql_run import KnownRuns, load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
-from steptally.service.store.sql_step import finalise_row, lock_step, write_steps
+from steptally.service.store.sql_step import finalise_row, lock_step
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class SqlStore:
             run = self._runs.current(conn, run_id)
             assert run is not None
             done = finalise_row(conn, self.dialect.read_parts, run, row, None, now)
-            write_steps(conn, self.dialect.sql, run_id, [row], self.dialect.write_values)
+            self.dialect.write_steps(conn, run_id, [row])
             return done
 
     def deadline_of(self, run_id: int, step: int) -> float | None:

@@ -43,7 +43,7 @@ from steptally.service.errors import ServiceError
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import PartialRow, finalise_row, lock_steps_of, write_steps
+from steptally.service.store.sql_step import PartialRow, finalise_row, lock_steps_of
 
 SAVEPOINT = "steptally_batch"
 Reload = Callable[[], RunRecord]
@@ -340,5 +340,5 @@ def _finalise(
         out.append(finalise_row(conn, dialect.read_parts, current, row, status, now, done))
         done.append(row)
     if done:
-        write_steps(conn, dialect.sql, run.id, done, dialect.write_values)
+        dialect.write_steps(conn, run.id, done)
     return out

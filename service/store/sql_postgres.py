@@ -53,13 +53,21 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import sql_series
 from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s, int4s, int8s
-from steptally.service.store.sql_statement import PIPELINE, core, pair_lock_key, pairs_params
+from steptally.service.store.sql_statement import (
+    PIPELINE,
+    STEP_FIELDS,
+    core,
+    pair_lock_key,
+    pairs_params,
+)
 from steptally.service.store.sql_step import (
     PartialRow,
     StepParts,
     fragment_rows,
     new_row,
+    pending_values,
     state_of,
+    write_breaches,
 )
 
 #: a batch (or a merged group) of at least this many fragments is copied (binary
@@ -225,22 +233,23 @@ class PostgresDialect:
             row.changed = True
         return out
 
-    def write_values(
-        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
-    ) -> None:
-        """A finalisation's step values as one statement of arrays (:data:`PIPELINE`
-        ``upsert_values``): SQLAlchemy's executemany sent a statement a value, each
-        row's parameters dumped in Python (half a finalisation's CPU at 8 ranks)."""
+    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+        """The values (one statement of arrays, :data:`PIPELINE` ``upsert_values``) and
+        the step rows (``update_step`` each, by its key) in one round trip; the
+        breaches, when there are some, before. SQLAlchemy's executemany sent a statement
+        a value, each row's parameters dumped in Python (half a finalisation's CPU at 8
+        ranks), and the values and the rows took a round trip each."""
+        write_breaches(conn, self.sql, run_id, rows)
+        changed = [r for r in rows if r.changed]
+        if not changed:
+            return
         driver = conn.connection.driver_connection
         assert driver is not None
-        params = {
-            "run_id": run_id,
-            "col": int4s([c for _, (c, _, _) in values]),
-            "step": int8s([s for s, _ in values]),
-            "value": float8s([v for _, (_, v, _) in values]),
-            "state": int2s([st for _, (_, _, st) in values]),
-        }
-        driver.execute(PIPELINE.upsert_values, params)
+        values = pending_values(changed)
+        with driver.pipeline():
+            if values:
+                driver.execute(PIPELINE.upsert_values, _values_params(run_id, values))
+            driver.cursor().executemany(PIPELINE.update_step, _steps_params(run_id, changed))
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         """A step's partial rows and commits in one round trip, as binary: read as
@@ -334,6 +343,29 @@ def _copy_fragments(driver: Any, rows: Sequence[tuple[Any, ...]]) -> None:
         copy.set_types([t.lower() for t in PIPELINE.copy_types])
         for row in rows:
             copy.write_row(row)
+
+
+def _values_params(run_id: int, values: Sequence[tuple[int, StoredValue]]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "col": int4s([c for _, (c, _, _) in values]),
+        "step": int8s([s for s, _ in values]),
+        "value": float8s([v for _, (_, v, _) in values]),
+        "state": int2s([st for _, (_, _, st) in values]),
+    }
+
+
+def _steps_params(run_id: int, rows: Sequence[StepState]) -> list[dict[str, Any]]:
+    """Each row's key and columns of :data:`~.sql_statement.STEP_FIELDS`."""
+    return [
+        {
+            "run_id": run_id,
+            "step": r.step,
+            **{name: getattr(r, name) for name in STEP_FIELDS},
+            "status": r.status.value,
+        }
+        for r in rows
+    ]
 
 
 def _partial_params(rows: Sequence[PartialRow]) -> dict[str, Any]:

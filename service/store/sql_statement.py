@@ -277,6 +277,7 @@ class PipelineText:
     fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
+    update_step: str  # %(run_id)s, %(step)s and a value per column of STEP_FIELDS
     partials_of_step: str  # %(run)s, %(step)s: (rank, fragments, state) of its partial rows
     commits_of_step: str  # %(run)s, %(step)s: (rank, fragments) of its commits
     copy_fragments: str  # COPY of fragments rows, every column, binary
@@ -307,6 +308,10 @@ PIPELINE = PipelineText(
     upsert_values=_unnest_insert(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
+    ),
+    update_step=(
+        f"UPDATE steps SET {', '.join(f'{n} = {_param(STEPS.c[n])}' for n in STEP_FIELDS)} "
+        f"WHERE run_id = {_param(STEPS.c.run_id)} AND step = {_param(STEPS.c.step)}"
     ),
     partials_of_step=_of_step(PARTIALS, "rank", "fragments", "state"),
     commits_of_step=_of_step(COMMITS, "rank", "fragments"),

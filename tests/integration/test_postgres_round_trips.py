@@ -1,6 +1,7 @@
 """PostgreSQL's hot statements in one round trip each, against real PostgreSQL, the
 messages read from libpq's own trace: a whole transaction
-(:func:`.sql_postgres.whole_transaction`), and a finalisation's read of a step's parts.
+(:func:`.sql_postgres.whole_transaction`), a finalisation's read of a step's parts and
+its write of the step rows and values.
 
 psycopg, left to begin a transaction inside a pipeline, sends its ``BEGIN`` with a Sync
 of its own and waits for the answer before the statements go: one round trip more
@@ -8,6 +9,7 @@ for every fresh group a writer stores."""
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Iterator
@@ -18,6 +20,8 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from steptally.service.domain.progress import StepStatus
+from steptally.service.domain.step import StepState
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import PostgresDialect, whole_transaction
 from steptally.service.store.sql_step import read_parts
@@ -161,3 +165,65 @@ def test_a_steps_parts_come_in_one_round_trip_bit_for_bit(
     assert sorted(parts) == sorted(theirs[0]) == [(r, r + 4, s) for r, s in states.items()]
     assert all(type(state) is bytes for _, _, state in parts)
     assert sorted(commits) == sorted(theirs[1]) == [(r, r * 2) for r in states]
+
+
+def test_a_finalisations_rows_and_values_go_in_one_round_trip(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A finalisation's write of its step rows and their values: one round trip, every
+    column as it was set, a value of each kind (-0.0 and infinities bit for bit, NaN,
+    undefined) replacing the step's earlier one; a row left unchanged is not written."""
+    from tests.integration.conftest import _empty
+
+    _empty(postgres_url)
+    engine = make_engine(postgres_url)
+    rows = [
+        StepState(3, StepStatus.COMPLETE, 1, 4, 32, 32, 0, 1.0, 61.0, 9.5, '{"r": 3}'),
+        StepState(4, StepStatus.PARTIAL, 2, 3, 24, 24, 1, 2.0, 62.0, 9.75, '{"r": 4}'),
+        StepState(5, StepStatus.OPEN, 0, 1, 8, 8, 3, 3.0, 63.0, None, None),
+    ]
+    rows[0].values = [(0, -0.0, 0), (1, math.inf, 0), (2, None, 2)]
+    rows[1].values = [(0, 2.5, 0), (1, None, 1), (2, -math.inf, 0)]
+    rows[0].changed = rows[1].changed = True
+    try:
+        with engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(
+                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                "VALUES (1, 'r', 4, '{}', 60, 0)"
+            )
+            for step in (3, 4, 5):
+                driver.execute(
+                    "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
+                    "expected, received, missing_ranks, first_seen_at, deadline) "
+                    "VALUES (1, %s, 'open', 0, 0, 0, 0, 4, 0, 60)",
+                    (step,),
+                )
+            driver.execute("INSERT INTO step_values VALUES (1, 0, 3, 7.0, 0)")  # replaced
+            driver.commit()
+            driver.execute("SELECT 1")  # inside a transaction, as a finalisation writes
+            trace = tmp_path / "trace"
+            with _traced(driver, trace):
+                PostgresDialect().write_steps(conn, 1, rows)
+            driver.commit()
+            steps = driver.execute(
+                "SELECT step, status, revision, committed_ranks, expected, received, "
+                "missing_ranks, finalised_at, result FROM steps ORDER BY step"
+            ).fetchall()
+            values = driver.execute(
+                "SELECT step, col, value, state FROM step_values ORDER BY step, col"
+            ).fetchall()
+    finally:
+        engine.dispose()
+    assert _syncs(trace) == 1
+    assert steps == [
+        (3, "complete", 1, 4, 32, 32, 0, 9.5, '{"r": 3}'),
+        (4, "partial", 2, 3, 24, 24, 1, 9.75, '{"r": 4}'),
+        (5, "open", 0, 0, 0, 0, 4, None, None),  # not changed: as it was
+    ]
+    assert values == [
+        (3, 0, -0.0, 0), (3, 1, math.inf, 0), (3, 2, None, 2),
+        (4, 0, 2.5, 0), (4, 1, None, 1), (4, 2, -math.inf, 0),
+    ]  # fmt: skip
+    assert math.copysign(1.0, values[0][2]) == -1.0
