@@ -284,42 +284,42 @@ class PostgresDialect:
 
 @contextlib.contextmanager
 def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
-    """The block's statements as one transaction in ONE round trip: sent in one
-    pipeline with no ``BEGIN``, answered after its one Sync.
+    """The block's statements as one transaction in ONE round trip: ``BEGIN``, the
+    statements and ``COMMIT`` sent in one pipeline, answered after its one Sync.
 
     Left to begin the transaction itself, psycopg sends its ``BEGIN`` in a pipeline
     with a Sync of its own and waits for the answer (to learn the transaction's
     status): a round trip more, ~0.1 ms on this machine (bench/README.md, Scale). So the
-    connection is switched to autocommit, which psycopg leaves alone, and the block is
-    sent as it is: PostgreSQL runs the statements up to a Sync as one implicit
-    transaction, committed at the Sync if every one succeeded and rolled back if any
-    failed (the protocol's pipelining), the commit durable before the Sync is
-    answered. A connection with an isolation level of its own begins and commits the
-    block explicitly, at that level. Called on a connection already in a transaction,
-    the block joins it, and a ``COMMIT`` ends it."""
+    connection is switched to autocommit, which psycopg leaves alone, and the block's
+    transaction is begun and committed by statements of its own; an error leaves the
+    transaction rolled back. Called on a connection already in a transaction, the block
+    joins it, and the ``COMMIT`` ends it.
+
+    The ``BEGIN`` is explicit on purpose: the statements before a Sync would run as one
+    implicit transaction without it, but a nested pipeline in the block (psycopg syncs
+    when one is entered or left) would then commit half of it; measured, leaving the
+    two statements out gained nothing (bench/README.md, Scale)."""
     if driver.autocommit or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         with driver.pipeline():
             yield
             driver.execute(b"COMMIT")
         return
-    explicit = driver.isolation_level is not None
     driver.autocommit = True
     try:
         with driver.pipeline():
-            if explicit:
-                driver.execute(_begin(driver))
+            driver.execute(_begin(driver))
             yield
-            if explicit:
-                driver.execute(b"COMMIT")
+            driver.execute(b"COMMIT")
     finally:
         if driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            driver.rollback()  # the pipeline failed inside an explicit transaction
+            driver.rollback()  # the pipeline failed: its transaction is aborted
         driver.autocommit = False
 
 
 def _begin(driver: psycopg.Connection[Any]) -> bytes:
-    """The ``BEGIN`` psycopg would send at this connection's isolation level."""
-    assert driver.isolation_level is not None
+    """The ``BEGIN`` psycopg would send: this connection's isolation level, if set."""
+    if driver.isolation_level is None:
+        return b"BEGIN"
     level = psycopg.IsolationLevel(driver.isolation_level).name.replace("_", " ")
     return f"BEGIN ISOLATION LEVEL {level}".encode()
 
