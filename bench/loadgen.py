@@ -16,6 +16,7 @@ so its stamps compare with the clients' answer times.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import queue
 import resource
@@ -217,8 +218,16 @@ def blast(jobs: list[Job], on_start: Any = None, timeout_s: float = 3600) -> Bla
     barrier = FORK.Barrier(len(jobs) + 1)
     out = FORK.Queue()
     procs = [FORK.Process(target=_client, args=(job, barrier, out)) for job in jobs]
-    for p in procs:
-        p.start()
+    # the clients are forked: their garbage collector would walk every object they
+    # inherit (this process's bodies, earlier rows), copying each page it touches and
+    # charging the client for it, more the more this process holds (bench/README.md,
+    # Scale: the configuration run second paid 2-5x the CPU a request)
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
     # every client is connected and warm once all of them wait at the barrier
     deadline = time.monotonic() + timeout_s
     while barrier.n_waiting < len(jobs):
