@@ -311,9 +311,12 @@ def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
             yield
             driver.execute(b"COMMIT")
     finally:
-        if driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        status = driver.pgconn.transaction_status
+        if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
             driver.rollback()  # the pipeline failed: its transaction is aborted
-        driver.autocommit = False
+        if driver.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            driver.autocommit = False
+        # else the connection is lost (its error is on its way up): the store drops it
 
 
 def _begin(driver: psycopg.Connection[Any]) -> bytes:

@@ -41,9 +41,8 @@ def conn(url: str) -> Iterator[psycopg.Connection]:
         c.execute("CREATE TABLE round_trip_t (k INTEGER PRIMARY KEY)")
         c.commit()
         yield c
-        c.rollback()
-        c.execute("DROP TABLE round_trip_t")
-        c.commit()
+    with psycopg.connect(url, autocommit=True) as after:  # the test's may be lost
+        after.execute("DROP TABLE round_trip_t")
 
 
 def _stored(url: str) -> list[int]:
@@ -106,6 +105,19 @@ def test_a_failed_statement_rolls_the_whole_block_back(conn: psycopg.Connection,
     conn.execute("INSERT INTO round_trip_t VALUES (3)")  # the connection goes on as before
     conn.commit()
     assert _stored(url) == [3]
+
+
+def test_a_lost_connection_raises_its_own_error(conn: psycopg.Connection, url: str) -> None:
+    """The database ends the session under the block: the error that says so comes up
+    (not one of putting the connection back), and nothing is stored."""
+    pid = conn.info.backend_pid
+    with pytest.raises(psycopg.OperationalError, match="server closed"), whole_transaction(conn):
+        conn.execute("INSERT INTO round_trip_t VALUES (1)")
+        with psycopg.connect(url, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        conn.execute("INSERT INTO round_trip_t VALUES (2)")
+    assert conn.broken
+    assert _stored(url) == []
 
 
 def test_a_block_inside_a_transaction_commits_what_came_before(
