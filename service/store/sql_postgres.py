@@ -181,10 +181,8 @@ class PostgresDialect:
             **_added_params(run, added, now),
         }
         steps = driver.cursor(row_factory=namedtuple_row)
-        with driver.pipeline():
+        with whole_transaction(driver) if alone else driver.pipeline():
             steps.execute(PIPELINE.apply, params)
-            if alone:
-                driver.commit()
         out = [state_of(r) for r in steps.fetchall()]
         for row in out:
             row.changed = True

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from psycopg import pq
 
 from steptally.service.domain.progress import StepStatus
@@ -66,6 +67,27 @@ def _traced(conn: psycopg.Connection, path: Path) -> Iterator[None]:
 def _syncs(path: Path) -> int:
     """How many Sync messages the client sent: each is a wait for the server's answer."""
     return len(re.findall(r"^F\t\d+\tSync$", path.read_text(), re.MULTILINE))
+
+
+@pytest.fixture
+def run_conn(postgres_url: str) -> Iterator[tuple[sa.Connection, psycopg.Connection]]:
+    """A store's connection (and its driver's) over an emptied database holding run 1."""
+    from tests.integration.conftest import _empty
+
+    _empty(postgres_url)
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(
+                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                "VALUES (1, 'r', 64, '{}', 60, 0)"
+            )
+            driver.commit()
+            yield conn, driver
+    finally:
+        engine.dispose()
 
 
 def test_begin_statements_and_commit_go_with_one_sync(
@@ -121,11 +143,14 @@ def test_a_lost_connection_raises_its_own_error(conn: psycopg.Connection, url: s
 
 
 def test_a_block_inside_a_transaction_commits_what_came_before(
-    conn: psycopg.Connection, url: str
+    conn: psycopg.Connection, url: str, tmp_path: Path
 ) -> None:
+    """What a batch's apply does after its probe: its writes and the commit, one Sync."""
     conn.execute("INSERT INTO round_trip_t VALUES (1)")
-    with whole_transaction(conn):
+    trace = tmp_path / "trace"
+    with _traced(conn, trace), whole_transaction(conn):
         conn.execute("INSERT INTO round_trip_t VALUES (2)")
+    assert _syncs(trace) == 1
     assert _stored(url) == [1, 2]
     assert conn.autocommit is False
 
@@ -138,41 +163,26 @@ def test_the_connections_isolation_level_is_kept(conn: psycopg.Connection) -> No
 
 
 def test_a_steps_parts_come_in_one_round_trip_bit_for_bit(
-    postgres_url: str, tmp_path: Path
+    run_conn: tuple[sa.Connection, psycopg.Connection], tmp_path: Path
 ) -> None:
     """The finalisation's read of a step's partial rows and commits: the same rows as
     the statements through SQLAlchemy, each state byte for byte, in one round trip."""
-    from tests.integration.conftest import _empty
-
-    _empty(postgres_url)
-    engine = make_engine(postgres_url)
+    conn, driver = run_conn
     rnd = random.Random(5)
     states = {rank: rnd.randbytes(rnd.choice([0, 1, 1600, 9000])) for rank in range(40)}
-    try:
-        with engine.connect() as conn:
-            driver = conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
+    for step in (3, 4):
+        for rank, state in states.items():
             driver.execute(
-                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
-                "VALUES (1, 'r', 64, '{}', 60, 0)"
+                "INSERT INTO partials VALUES (1, %s, %s, %s, %s)",
+                (step, rank, rank + step, state),
             )
-            for step in (3, 4):
-                for rank, state in states.items():
-                    driver.execute(
-                        "INSERT INTO partials VALUES (1, %s, %s, %s, %s)",
-                        (step, rank, rank + step, state),
-                    )
-                    driver.execute(
-                        "INSERT INTO commits VALUES (1, %s, %s, %s)", (step, rank, rank * 2)
-                    )
-            driver.commit()
-            driver.execute("SELECT 1")  # inside a transaction, as a finalisation reads
-            trace = tmp_path / "trace"
-            with _traced(driver, trace):
-                parts, commits = PostgresDialect().read_parts(conn, 1, 4)
-            theirs = read_parts(conn, 1, 4)
-    finally:
-        engine.dispose()
+            driver.execute("INSERT INTO commits VALUES (1, %s, %s, %s)", (step, rank, rank * 2))
+    driver.commit()
+    driver.execute("SELECT 1")  # inside a transaction, as a finalisation reads
+    trace = tmp_path / "trace"
+    with _traced(driver, trace):
+        parts, commits = PostgresDialect().read_parts(conn, 1, 4)
+    theirs = read_parts(conn, 1, 4)
     assert _syncs(trace) == 1
     assert sorted(parts) == sorted(theirs[0]) == [(r, r + 4, s) for r, s in states.items()]
     assert all(type(state) is bytes for _, _, state in parts)
@@ -180,15 +190,11 @@ def test_a_steps_parts_come_in_one_round_trip_bit_for_bit(
 
 
 def test_a_finalisations_rows_and_values_go_in_one_round_trip(
-    postgres_url: str, tmp_path: Path
+    run_conn: tuple[sa.Connection, psycopg.Connection], tmp_path: Path
 ) -> None:
     """A finalisation's write of its step rows and their values: one round trip, every
     column as it was set, a value of each kind (-0.0 and infinities bit for bit, NaN,
     undefined) replacing the step's earlier one; a row left unchanged is not written."""
-    from tests.integration.conftest import _empty
-
-    _empty(postgres_url)
-    engine = make_engine(postgres_url)
     rows = [
         StepState(3, StepStatus.COMPLETE, 1, 4, 32, 32, 0, 1.0, 61.0, 9.5, '{"r": 3}'),
         StepState(4, StepStatus.PARTIAL, 2, 3, 24, 24, 1, 2.0, 62.0, 9.75, '{"r": 4}'),
@@ -197,37 +203,28 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
     rows[0].values = [(0, -0.0, 0), (1, math.inf, 0), (2, None, 2)]
     rows[1].values = [(0, 2.5, 0), (1, None, 1), (2, -math.inf, 0)]
     rows[0].changed = rows[1].changed = True
-    try:
-        with engine.connect() as conn:
-            driver = conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            driver.execute(
-                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
-                "VALUES (1, 'r', 4, '{}', 60, 0)"
-            )
-            for step in (3, 4, 5):
-                driver.execute(
-                    "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
-                    "expected, received, missing_ranks, first_seen_at, deadline) "
-                    "VALUES (1, %s, 'open', 0, 0, 0, 0, 4, 0, 60)",
-                    (step,),
-                )
-            driver.execute("INSERT INTO step_values VALUES (1, 0, 3, 7.0, 0)")  # replaced
-            driver.commit()
-            driver.execute("SELECT 1")  # inside a transaction, as a finalisation writes
-            trace = tmp_path / "trace"
-            with _traced(driver, trace):
-                PostgresDialect().write_steps(conn, 1, rows)
-            driver.commit()
-            steps = driver.execute(
-                "SELECT step, status, revision, committed_ranks, expected, received, "
-                "missing_ranks, finalised_at, result FROM steps ORDER BY step"
-            ).fetchall()
-            values = driver.execute(
-                "SELECT step, col, value, state FROM step_values ORDER BY step, col"
-            ).fetchall()
-    finally:
-        engine.dispose()
+    conn, driver = run_conn
+    for step in (3, 4, 5):
+        driver.execute(
+            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
+            "expected, received, missing_ranks, first_seen_at, deadline) "
+            "VALUES (1, %s, 'open', 0, 0, 0, 0, 4, 0, 60)",
+            (step,),
+        )
+    driver.execute("INSERT INTO step_values VALUES (1, 0, 3, 7.0, 0)")  # replaced
+    driver.commit()
+    driver.execute("SELECT 1")  # inside a transaction, as a finalisation writes
+    trace = tmp_path / "trace"
+    with _traced(driver, trace):
+        PostgresDialect().write_steps(conn, 1, rows)
+    driver.commit()
+    steps = driver.execute(
+        "SELECT step, status, revision, committed_ranks, expected, received, "
+        "missing_ranks, finalised_at, result FROM steps ORDER BY step"
+    ).fetchall()
+    values = driver.execute(
+        "SELECT step, col, value, state FROM step_values ORDER BY step, col"
+    ).fetchall()
     assert _syncs(trace) == 1
     assert steps == [
         (3, "complete", 1, 4, 32, 32, 0, 9.5, '{"r": 3}'),
