@@ -51,7 +51,7 @@ from steptally.service.domain.packing import unbundled
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
-from steptally.service.store import sql_series
+from steptally.service.store import pg_pipeline, sql_series
 from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s, int4s, int8s
 from steptally.service.store.sql_statement import (
     PIPELINE,
@@ -67,6 +67,7 @@ from steptally.service.store.sql_step import (
     new_row,
     pending_values,
     state_of,
+    state_of_tuple,
     write_breaches,
 )
 
@@ -203,7 +204,11 @@ class PostgresDialect:
         every write of :meth:`apply` (its fragments, commits and partial rows all new,
         ``added`` to the steps), then the commit. Returns the steps as :meth:`apply`
         does, or None when they did not hold: nothing written, the transaction over.
-        A batch large enough to be copied is left to :meth:`probe` and :meth:`apply`."""
+        A batch large enough to be copied is left to :meth:`probe` and :meth:`apply`.
+
+        The transaction goes through libpq (:func:`.pg_pipeline.run`), each statement
+        prepared once a connection: through psycopg's pipeline it cost the writer
+        ~0.2 ms more CPU a group (bench/README.md, Scale)."""
         rows = fragment_rows(run.id, batch, list(batch.fragments))
         if len(rows) >= COPY_MIN_ROWS:
             return None
@@ -219,14 +224,11 @@ class PostgresDialect:
             "k_rank": int4s([r for _, r in pairs]),
             "finalised": FINALISED,
         }
-        steps = driver.cursor(row_factory=namedtuple_row)
-        with whole_transaction(driver):
-            driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-            steps.execute(PIPELINE.fresh, params)
-        found = steps.fetchall()
-        if not found[0].ok:
+        lock = (PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
+        _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh, params)])
+        if not found[0][0]:  # ok
             return None
-        out = [state_of(r) for r in found]
+        out = [state_of_tuple(r[1:]) for r in found]
         for row in out:
             row.changed = True
         return out
@@ -305,7 +307,7 @@ def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
     driver.autocommit = True
     try:
         with driver.pipeline():
-            driver.execute(_begin(driver))
+            driver.execute(pg_pipeline.begin(driver))
             yield
             driver.execute(b"COMMIT")
     finally:
@@ -315,14 +317,6 @@ def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
         if driver.pgconn.transaction_status == pq.TransactionStatus.IDLE:
             driver.autocommit = False
         # else the connection is lost (its error is on its way up): the store drops it
-
-
-def _begin(driver: psycopg.Connection[Any]) -> bytes:
-    """The ``BEGIN`` psycopg would send: this connection's isolation level, if set."""
-    if driver.isolation_level is None:
-        return b"BEGIN"
-    level = psycopg.IsolationLevel(driver.isolation_level).name.replace("_", " ")
-    return f"BEGIN ISOLATION LEVEL {level}".encode()
 
 
 def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> Int8Array:

@@ -23,6 +23,7 @@ from psycopg import pq
 
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.step import StepState
+from steptally.service.store import pg_pipeline
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import PostgresDialect, whole_transaction
 from steptally.service.store.sql_step import read_parts
@@ -236,3 +237,117 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
         (4, 0, 2.5, 0), (4, 1, None, 1), (4, 2, -math.inf, 0),
     ]  # fmt: skip
     assert math.copysign(1.0, values[0][2]) == -1.0
+
+
+# ---------------------------------------------------------------- pg_pipeline.run
+
+_INSERT = "INSERT INTO round_trip_t VALUES (%(k)b::INTEGER) RETURNING k, %(x)b::DOUBLE PRECISION"
+_ROW = (
+    "SELECT %(i)s::BIGINT, %(f)b::DOUBLE PRECISION, %(t)s::TEXT, %(b)b::BYTEA, "
+    "%(n)s::INTEGER, %(i)s::BIGINT %% 7, %(a)b::BIGINT[], 'x%%y'"
+)
+
+
+def _parses(path: Path, table: str) -> int:
+    """How many times the client asked the server to parse (and plan) a statement on
+    ``table``."""
+    return len(re.findall(rf"^F\t\d+\tParse\t.*{table}", path.read_text(), re.MULTILINE))
+
+
+def test_a_pipeline_runs_begin_statements_and_commit_with_one_sync(
+    conn: psycopg.Connection, url: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace"
+    with _traced(conn, trace):
+        rows = pg_pipeline.run(
+            conn, [(_INSERT, {"k": 1, "x": -0.0}), (_INSERT, {"k": 2, "x": math.inf})]
+        )
+    assert _syncs(trace) == 1
+    text = trace.read_text()
+    assert text.index("BEGIN") < text.index("INSERT") < text.index("COMMIT")
+    assert rows == [[(1, -0.0)], [(2, math.inf)]]
+    assert math.copysign(1.0, rows[0][0][1]) == -1.0
+    assert _stored(url) == [1, 2]
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    conn.execute("SELECT 1")  # psycopg goes on using the connection
+
+
+def test_a_pipelines_rows_load_as_psycopg_loads_them(conn: psycopg.Connection) -> None:
+    params = {
+        "i": 2**40 + 3, "f": 1 / 3, "t": "é", "b": b"\x00\xff", "n": None, "a": [1, -2],
+    }  # fmt: skip
+    [mine] = pg_pipeline.run(conn, [(_ROW, params)])
+    theirs = conn.execute(_ROW, params).fetchall()
+    conn.rollback()
+    assert (
+        mine
+        == theirs
+        == [(2**40 + 3, 1 / 3, "é", b"\x00\xff", None, (2**40 + 3) % 7, [1, -2], "x%y")]
+    )
+
+
+def test_a_statement_is_parsed_once_a_connection_and_parameter_types(
+    conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The server plans each statement once; a parameter that psycopg dumps as another
+    type (an int too large for int2) is another preparation, and both answer right."""
+    trace = tmp_path / "trace"
+    with _traced(conn, trace):
+        for k in (1, 2, 3):
+            pg_pipeline.run(conn, [(_INSERT, {"k": k, "x": 0.5})])
+        assert pg_pipeline.run(conn, [(_INSERT, {"k": 70000, "x": 0.5})]) == [[(70000, 0.5)]]
+        assert pg_pipeline.run(conn, [(_INSERT, {"k": 4, "x": 0.5})]) == [[(4, 0.5)]]
+    assert _parses(trace, "round_trip_t") == 2
+
+
+def test_a_failed_statement_rolls_the_pipeline_back(conn: psycopg.Connection, url: str) -> None:
+    """Nothing of the pipeline stays, the connection goes on, and a statement first
+    prepared in the failed pipeline is prepared again and runs."""
+    fresh = "INSERT INTO round_trip_t SELECT %(k)b::INTEGER + 0"
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 1, "x": 0.0}), (_INSERT, {"k": 1, "x": 0.0})])
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 5, "x": 0.0}), (fresh, {"k": 5})])
+    assert _stored(url) == []
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    pg_pipeline.run(conn, [(fresh, {"k": 6})])
+    conn.execute("INSERT INTO round_trip_t VALUES (7)")
+    conn.commit()
+    assert _stored(url) == [6, 7]
+
+
+def test_a_pipeline_on_a_lost_connection_raises_its_error(
+    conn: psycopg.Connection, url: str
+) -> None:
+    pg_pipeline.run(conn, [(_INSERT, {"k": 1, "x": 0.0})])
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 2, "x": 0.0})])
+    assert conn.broken
+    assert _stored(url) == [1]
+
+
+def test_a_pipeline_inside_a_transaction_commits_what_came_before(
+    conn: psycopg.Connection, url: str, tmp_path: Path
+) -> None:
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    conn.execute("INSERT INTO round_trip_t VALUES (1)")
+    trace = tmp_path / "trace"
+    with _traced(conn, trace):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 2, "x": 0.0})])
+    assert _syncs(trace) == 1
+    assert "BEGIN" not in trace.read_text()
+    assert _stored(url) == [1, 2]
+    [[level]] = pg_pipeline.run(conn, [("SHOW transaction_isolation", {})])
+    assert level == ("repeatable read",)
+
+
+def test_named_placeholders_become_numbered_ones() -> None:
+    q = pg_pipeline.Query.of("SELECT %(a)s, %(b)b, %(a)s, '%%'")
+    assert q.text == b"SELECT $1, $2, $1, '%'"
+    assert q.names == ("a", "b")
+    with pytest.raises(ValueError, match="two formats"):
+        pg_pipeline.Query.of("SELECT %(a)s, %(a)b")

@@ -1,0 +1,193 @@
+"""A transaction's statements in one pipeline, sent through libpq by the writer.
+
+psycopg's pipeline (``Connection.pipeline()``) runs each statement through its cursor
+machinery and talks to the server after each one — it sends what is queued and tries
+to read — so a pipeline of ``BEGIN``, ``SELECT 1`` and ``COMMIT`` costs ~130 µs of the
+writer's CPU on this machine against ~20 for the same messages sent through libpq
+(``psycopg.pq``) with one flush and read back once (bench/README.md, Scale). The
+ingest group's transaction is four statements, each group, all of it holding the GIL
+that the event loop needs.
+
+:func:`run` sends ``BEGIN``, the statements and ``COMMIT`` through the connection's
+libpq object in pipeline mode, with one Sync and one flush, waits for the results
+with the GIL let go (``select``), and reads each statement's rows through psycopg's
+own adaptation (:class:`psycopg.adapt.Transformer`): the parameters are dumped and
+the rows loaded exactly as psycopg's ``execute`` would. Any error rolls the
+transaction back and comes up as psycopg raises it (``psycopg.errors``); a lost
+connection comes up as its ``OperationalError``, and the caller drops the connection.
+The statements use psycopg's named placeholders (``%(name)s``, ``%(name)b``), converted
+once (:class:`Query`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import select
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)([sb])|%%")
+_FORMATS = {"s": PyFormat.AUTO, "b": PyFormat.BINARY}
+_STARTED = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+_DONE = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+_Key = tuple[bytes, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A statement with named placeholders, as libpq takes it: ``$1``, ``$2``… and
+    the name and format of each."""
+
+    text: bytes
+    names: tuple[str, ...]
+    formats: tuple[PyFormat, ...]
+
+    @classmethod
+    def of(cls, sql: str) -> Query:
+        order: dict[str, int] = {}
+        formats: dict[str, PyFormat] = {}
+
+        def placeholder(m: re.Match[str]) -> str:
+            if m[0] == "%%":
+                return "%"
+            name, kind = m[1], _FORMATS[m[2]]
+            if formats.setdefault(name, kind) != kind:
+                raise ValueError(f"placeholder {name!r} with two formats")
+            return f"${order.setdefault(name, len(order) + 1)}"
+
+        text = _PLACEHOLDER.sub(placeholder, sql)
+        names = tuple(order)
+        return cls(text.encode(), names, tuple(formats[n] for n in names))
+
+
+@cache
+def query(sql: str) -> Query:
+    """:meth:`Query.of`, once per statement text."""
+    return Query.of(sql)
+
+
+#: each connection's statements prepared here, by text and parameter types (psycopg
+#: dumps an ``int`` as int2, int4 or int8 by its size, so one text may need several)
+_PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], dict[_Key, bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+_names = itertools.count()
+
+
+def run(
+    driver: psycopg.Connection[Any], statements: Sequence[tuple[str, Mapping[str, Any]]]
+) -> list[list[tuple[Any, ...]]]:
+    """Run ``statements`` (each a text and its parameters) as one transaction, in ONE
+    round trip: :func:`begin` (unless ``driver`` is in a transaction already, which they
+    join), the statements, ``COMMIT``, one Sync. Returns each statement's rows (as
+    tuples). On an error, the transaction is rolled back and the error raised.
+
+    Each statement is prepared on the connection the first time (in the same
+    pipeline): the server then plans it once, as psycopg's own preparing does."""
+    pgconn = driver.pgconn
+    joined = pgconn.transaction_status in _STARTED
+    prepared = _PREPARED.setdefault(driver, {})
+    tx = Transformer(driver)
+    pgconn.enter_pipeline_mode()
+    synced = read = False
+    kept: list[bool] = []  # for each result to come: a statement's rows or not
+    new: dict[_Key, bytes] = {}
+    try:
+        if not joined:
+            pgconn.send_query_params(begin(driver), None)
+            kept.append(False)
+        for sql, params in statements:
+            q = query(sql)
+            values = tx.dump_sequence([params[n] for n in q.names], q.formats)
+            types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
+            key = (q.text, types)
+            name = prepared.get(key) or new.get(key)
+            if name is None:
+                name = new[key] = f"steptally_{next(_names)}".encode()
+                pgconn.send_prepare(name, q.text, types)
+                kept.append(False)
+            pgconn.send_query_prepared(name, values, formats)
+            kept.append(True)
+        pgconn.send_query_params(b"COMMIT", None)
+        kept.append(False)
+        pgconn.pipeline_sync()
+        synced = True
+        _flush(pgconn)
+        results = _results(pgconn)
+        read = True
+        pgconn.exit_pipeline_mode()
+    except BaseException:
+        _recover(driver, synced, read)
+        raise
+    error = next((r for r in results if r.status not in _DONE), None)
+    if error is not None:
+        _recover(driver, True, True)
+        raise psycopg.errors.error_from_result(error, encoding=tx.encoding)
+    prepared.update(new)
+    rows = []
+    for result, keep in zip(results, kept, strict=True):
+        if keep:
+            tx.set_pgresult(result)
+            rows.append(tx.load_rows(0, result.ntuples, tuple) if result.ntuples else [])
+    return rows
+
+
+def begin(driver: psycopg.Connection[Any]) -> bytes:
+    """The ``BEGIN`` psycopg would send: this connection's isolation level, if set."""
+    if driver.isolation_level is None:
+        return b"BEGIN"
+    level = psycopg.IsolationLevel(driver.isolation_level).name.replace("_", " ")
+    return f"BEGIN ISOLATION LEVEL {level}".encode()
+
+
+def _flush(pgconn: pq.abc.PGconn) -> None:
+    while pgconn.flush():  # 1: more to send, and the socket is full
+        select.select([pgconn.socket], [pgconn.socket], [])
+        pgconn.consume_input()  # the server may be waiting for us to read
+
+
+def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """Every statement's result, up to the Sync's (a statement that produced none —
+    skipped after an error — has its ``PIPELINE_ABORTED``)."""
+    out: list[pq.abc.PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:  # the end of one statement's results
+            if pgconn.status != pq.ConnStatus.OK:
+                raise psycopg.OperationalError(pgconn.get_error_message())
+            continue
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            return out
+        out.append(result)
+
+
+def _recover(driver: psycopg.Connection[Any], synced: bool, read: bool) -> None:
+    """After an error: read the pipeline through its Sync (sent here if it was not),
+    leave pipeline mode and roll the transaction back, if the connection is still
+    there (else its error is on its way up)."""
+    pgconn = driver.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
+        return
+    try:
+        if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            if not synced:
+                pgconn.pipeline_sync()
+            if not read:
+                _flush(pgconn)
+                _results(pgconn)
+            pgconn.exit_pipeline_mode()
+        if pgconn.transaction_status in _STARTED:
+            driver.rollback()
+    except psycopg.Error:  # the connection broke on the way: the caller drops it
+        return
