@@ -8,8 +8,9 @@ writer's CPU on this machine against ~20 for the same messages sent through libp
 ingest group's transaction is four statements, each group, all of it holding the GIL
 that the event loop needs.
 
-:func:`run` sends ``BEGIN``, the statements and ``COMMIT`` through the connection's
-libpq object in pipeline mode, with one Sync and one flush, waits for the results
+:func:`run` sends ``BEGIN``, the statements and ``COMMIT`` (or leaves the transaction
+open, for a finalisation's reads and writes) through the connection's libpq object in
+pipeline mode, with one Sync and one flush, waits for the results
 with the GIL let go (``select``), and reads each statement's rows through psycopg's
 own adaptation (:class:`psycopg.adapt.Transformer`): the parameters are dumped and
 the rows loaded exactly as psycopg's ``execute`` would. Any error rolls the
@@ -83,12 +84,18 @@ _names = itertools.count()
 
 
 def run(
-    driver: psycopg.Connection[Any], statements: Sequence[tuple[str, Mapping[str, Any]]]
+    driver: psycopg.Connection[Any],
+    statements: Sequence[tuple[str, Mapping[str, Any]]],
+    commit: bool = True,
+    binary: bool = False,
 ) -> list[list[tuple[Any, ...]]]:
     """Run ``statements`` (each a text and its parameters) as one transaction, in ONE
     round trip: :func:`begin` (unless ``driver`` is in a transaction already, which they
-    join), the statements, ``COMMIT``, one Sync. Returns each statement's rows (as
-    tuples). On an error, the transaction is rolled back and the error raised.
+    join), the statements, ``COMMIT`` (unless ``commit`` is False: the transaction is
+    left open, as psycopg's ``execute`` leaves it), one Sync. Returns each statement's
+    rows (as tuples; ``binary``: read in the binary format, a ``bytea`` as its bytes
+    rather than hex text). On an error, the transaction is rolled back and the error
+    raised.
 
     Each statement is prepared on the connection the first time (in the same
     pipeline): the server then plans it once, as psycopg's own preparing does."""
@@ -96,12 +103,13 @@ def run(
     joined = pgconn.transaction_status in _STARTED
     prepared = _PREPARED.setdefault(driver, {})
     tx = Transformer(driver)
+    result_format = pq.Format.BINARY if binary else pq.Format.TEXT
     pgconn.enter_pipeline_mode()
     synced = read = False
     kept: list[bool] = []  # for each result to come: a statement's rows or not
     new: dict[_Key, bytes] = {}
     try:
-        if not joined:
+        if not joined and (commit or not driver.autocommit):
             pgconn.send_query_params(begin(driver), None)
             kept.append(False)
         for sql, params in statements:
@@ -114,10 +122,11 @@ def run(
                 name = new[key] = f"steptally_{next(_names)}".encode()
                 pgconn.send_prepare(name, q.text, types)
                 kept.append(False)
-            pgconn.send_query_prepared(name, values, formats)
+            pgconn.send_query_prepared(name, values, formats, result_format)
             kept.append(True)
-        pgconn.send_query_params(b"COMMIT", None)
-        kept.append(False)
+        if commit:
+            pgconn.send_query_params(b"COMMIT", None)
+            kept.append(False)
         pgconn.pipeline_sync()
         synced = True
         _flush(pgconn)

@@ -235,8 +235,9 @@ class PostgresDialect:
 
     def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
         """The values (one statement of arrays, :data:`PIPELINE` ``upsert_values``) and
-        the step rows (``update_step`` each, by its key) in one round trip; the
-        breaches, when there are some, before. SQLAlchemy's executemany sent a statement
+        the step rows (``update_step`` each, by its key) in one round trip
+        (:func:`.pg_pipeline.run`, the transaction left open); the breaches, when there
+        are some, before. SQLAlchemy's executemany sent a statement
         a value, each row's parameters dumped in Python (half a finalisation's CPU at 8
         ranks), and the values and the rows took a round trip each."""
         write_breaches(conn, self.sql, run_id, rows)
@@ -246,23 +247,22 @@ class PostgresDialect:
         driver = conn.connection.driver_connection
         assert driver is not None
         values = pending_values(changed)
-        with driver.pipeline():
-            if values:
-                driver.execute(PIPELINE.upsert_values, _values_params(run_id, values))
-            driver.cursor().executemany(PIPELINE.update_step, _steps_params(run_id, changed))
+        statements = [(PIPELINE.update_step, p) for p in _steps_params(run_id, changed)]
+        if values:
+            statements.insert(0, (PIPELINE.upsert_values, _values_params(run_id, values)))
+        pg_pipeline.run(driver, statements, commit=False)
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
-        """A step's partial rows and commits in one round trip, as binary: read as
+        """A step's partial rows and commits in one round trip (:func:`.pg_pipeline.run`,
+        the transaction left open), as binary: read as
         text, each state came hex-encoded, twice its size, and was decoded back (at 256
         ranks, 1.9 ms a finalisation for the partial rows alone against 0.9)."""
         driver = conn.connection.driver_connection
         assert driver is not None
         params = {"run": run_id, "step": step}
-        parts, commits = driver.cursor(binary=True), driver.cursor(binary=True)
-        with driver.pipeline():
-            parts.execute(PIPELINE.partials_of_step, params)
-            commits.execute(PIPELINE.commits_of_step, params)
-        return parts.fetchall(), commits.fetchall()
+        reads = [(PIPELINE.partials_of_step, params), (PIPELINE.commits_of_step, params)]
+        parts, commits = pg_pipeline.run(driver, reads, commit=False, binary=True)
+        return parts, commits
 
     def lock_group(
         self, conn: Connection, batches: Sequence[tuple[RunRecord, PreparedBatch, float]]

@@ -351,3 +351,23 @@ def test_named_placeholders_become_numbered_ones() -> None:
     assert q.names == ("a", "b")
     with pytest.raises(ValueError, match="two formats"):
         pg_pipeline.Query.of("SELECT %(a)s, %(a)b")
+
+
+def test_a_pipeline_can_leave_its_transaction_open(conn: psycopg.Connection, url: str) -> None:
+    """A finalisation's reads and writes: the statements in the caller's transaction,
+    which stays open, and rows read as binary the same as text."""
+    [rows] = pg_pipeline.run(conn, [(_INSERT, {"k": 1, "x": 0.25})], commit=False)
+    assert rows == [(1, 0.25)]
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+    assert _stored(url) == []
+    params = {
+        "i": 2**62 + 1, "f": -0.0, "t": "t", "b": bytes(range(256)), "n": 3, "a": [],
+    }  # fmt: skip
+    [binary] = pg_pipeline.run(conn, [(_ROW, params)], commit=False, binary=True)
+    [text] = pg_pipeline.run(conn, [(_ROW, params)], commit=False)
+    assert (
+        binary == text == [(2**62 + 1, -0.0, "t", bytes(range(256)), 3, (2**62 + 1) % 7, [], "x%y")]
+    )
+    assert math.copysign(1.0, binary[0][1]) == math.copysign(1.0, text[0][1]) == -1.0
+    conn.commit()
+    assert _stored(url) == [1]
