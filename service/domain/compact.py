@@ -24,6 +24,8 @@ import binascii
 import math
 from typing import Any
 
+import pybase64
+
 from steptally.client.wire_numbers import MAX_INT
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.partial import kernel
@@ -55,9 +57,7 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
     if type(raw) is not str:
         return None
     try:
-        # binascii holds the GIL (2 kB in ~10 µs); pybase64, faster alone, lets go of it
-        # on every call and waits behind the writer threads to take it back
-        values = binascii.a2b_base64(raw, strict_mode=True)  # as the general path
+        values = pybase64.b64decode(raw, validate=True)  # SIMD; as strict as binascii's
     except (binascii.Error, ValueError):
         return None
     width = len(run.columns)
