@@ -57,8 +57,10 @@ from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_statement import SQLITE, RowsInsert, Statements, core
 from steptally.service.store.sql_step import (
     PartialRow,
+    PartsReader,
     StepParts,
     fragment_rows,
+    lock_steps_of,
     read_parts,
     state_of_tuple,
     step_tuple,
@@ -145,6 +147,14 @@ class Dialect(Protocol):
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         """A step's partial rows ``(rank, fragments, state)`` and commits ``(rank,
         fragments)``: what its finalisation merges."""
+        ...
+
+    def lock_steps(
+        self, conn: Connection, run_id: int, steps: Sequence[int]
+    ) -> tuple[list[StepState], PartsReader]:
+        """The rows of ``steps`` that exist, locked in step order, and what reads a
+        step's parts from then on (:meth:`read_parts`, or the same read made with the
+        lock)."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -320,6 +330,11 @@ class SqliteDialect:
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         return read_parts(conn, run_id, step)
+
+    def lock_steps(
+        self, conn: Connection, run_id: int, steps: Sequence[int]
+    ) -> tuple[list[StepState], PartsReader]:
+        return lock_steps_of(conn, self.for_update, run_id, steps), self.read_parts
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
         pass  # the group's transaction holds the whole database already

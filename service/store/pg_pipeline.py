@@ -26,7 +26,7 @@ import itertools
 import re
 import select
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -88,6 +88,7 @@ def run(
     statements: Sequence[tuple[str, Mapping[str, Any]]],
     commit: bool = True,
     binary: bool = False,
+    plan_each: Collection[str] = (),
 ) -> list[list[tuple[Any, ...]]]:
     """Run ``statements`` (each a text and its parameters) as one transaction, in ONE
     round trip: :func:`begin` (unless ``driver`` is in a transaction already, which they
@@ -98,7 +99,9 @@ def run(
     raised.
 
     Each statement is prepared on the connection the first time (in the same
-    pipeline): the server then plans it once, as psycopg's own preparing does."""
+    pipeline): the server then plans it once, as psycopg's own preparing does. Those
+    of ``plan_each`` are sent unprepared, planned for their parameters each time (a
+    plan made once for any array may read every step of a run)."""
     pgconn = driver.pgconn
     joined = pgconn.transaction_status in _STARTED
     prepared = _PREPARED.setdefault(driver, {})
@@ -116,6 +119,10 @@ def run(
             q = query(sql)
             values = tx.dump_sequence([params[n] for n in q.names], q.formats)
             types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
+            if sql in plan_each:
+                pgconn.send_query_params(q.text, values, types, formats, result_format)
+                kept.append(True)
+                continue
             key = (q.text, types)
             name = prepared.get(key) or new.get(key)
             if name is None:

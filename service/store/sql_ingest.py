@@ -43,7 +43,7 @@ from steptally.service.errors import ServiceError
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import PartialRow, finalise_row, lock_steps_of
+from steptally.service.store.sql_step import PartialRow, PartsReader, finalise_row
 
 SAVEPOINT = "steptally_batch"
 Reload = Callable[[], RunRecord]
@@ -285,10 +285,10 @@ def finalise_due(
 ) -> list[FinalisedStep]:
     """Lock ``steps`` (which a committed batch changed) and finalise those that are
     due as they stand now: each once, whoever else finalised them meanwhile."""
-    rows = lock_steps_of(conn, dialect.for_update, run.id, sorted(steps))
+    rows, read = dialect.lock_steps(conn, run.id, sorted(steps))
     for row in rows:
         row.changed = True  # the batch changed it; a step finalised since is passed over
-    return _finalise(conn, dialect, run, reload, rows, now)
+    return _finalise(conn, dialect, run, reload, rows, now, read)
 
 
 def _once(read: Reload) -> Reload:
@@ -326,9 +326,11 @@ def _finalise(
     reload: Reload,
     rows: Iterable[StepState],
     now: float,
+    read: PartsReader | None = None,
 ) -> list[FinalisedStep]:
     """Finalise the steps that :func:`~steptally.service.domain.step.next_status` names
-    (against the run's current spec, read once when the first one is), and write them."""
+    (against the run's current spec, read once when the first one is), and write them
+    (``read``: what reads a step's parts; the dialect's ``read_parts`` by default)."""
     out = []
     done: list[StepState] = []
     current: RunRecord | None = None
@@ -337,7 +339,7 @@ def _finalise(
         if status is None:
             continue
         current = current or reload()
-        out.append(finalise_row(conn, dialect.read_parts, current, row, status, now, done))
+        out.append(finalise_row(conn, read or dialect.read_parts, current, row, status, now, done))
         done.append(row)
     if done:
         dialect.write_steps(conn, run.id, done)

@@ -272,6 +272,7 @@ def pair_lock_key(run_id: int, step: int, rank: int) -> int:
 class PipelineText:
     lock_pairs: str  # %(keys)s: the pairs' lock keys (:func:`pair_lock_key`), sorted
     steps_of: str  # %(run)s, %(steps)s: every column of those step rows, unlocked
+    locked_steps_of: str  # the same rows, locked in step order
     add_to_steps: str  # %(run_id)s, a new step's columns and an array per counter
     apply: str  # a batch's writes: _apply
     fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
@@ -295,12 +296,15 @@ def _of_step(table: Table, *columns: str) -> str:
 _value_keys = ", ".join(c.name for c in STEP_VALUES.primary_key)
 _value_rest = [c.name for c in STEP_VALUES.c if not c.primary_key]
 
+_STEPS_OF = (
+    f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = {_param(STEPS.c.run_id, 'run')} "
+    f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
+)
+
 PIPELINE = PipelineText(
     lock_pairs="SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS k",
-    steps_of=(
-        f"SELECT {_names(list(STEPS.c))} FROM steps WHERE run_id = {_param(STEPS.c.run_id, 'run')} "
-        f"AND step = ANY({_array(STEPS.c.step, 'steps')})"
-    ),
+    steps_of=_STEPS_OF,
+    locked_steps_of=f"{_STEPS_OF} ORDER BY step FOR UPDATE",
     add_to_steps=_add_to_steps(),
     apply=_apply(),
     fresh=_fresh(),

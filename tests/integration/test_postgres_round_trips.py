@@ -371,3 +371,53 @@ def test_a_pipeline_can_leave_its_transaction_open(conn: psycopg.Connection, url
     assert math.copysign(1.0, binary[0][1]) == math.copysign(1.0, text[0][1]) == -1.0
     conn.commit()
     assert _stored(url) == [1]
+
+
+def test_a_finalisation_locks_its_steps_and_reads_their_parts_in_one_round_trip(
+    run_conn: tuple[sa.Connection, psycopg.Connection], tmp_path: Path, postgres_url: str
+) -> None:
+    """The steps' rows come locked, in step order, and each step's parts as
+    ``read_parts`` reads them; a step not asked for is read as before."""
+    conn, driver = run_conn
+    for step in (3, 4, 5):
+        driver.execute(
+            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
+            "expected, received, missing_ranks, first_seen_at, deadline) "
+            "VALUES (1, %s, 'open', 0, 2, 16, 16, 62, 0.5, 60.25)",
+            (step,),
+        )
+        for rank in (0, 1):
+            driver.execute(
+                "INSERT INTO partials VALUES (1, %s, %s, 8, %s)", (step, rank, bytes([step, rank]))
+            )
+            driver.execute("INSERT INTO commits VALUES (1, %s, %s, 8)", (step, rank))
+    driver.commit()
+    dialect = PostgresDialect()
+    trace = tmp_path / "trace"
+    with _traced(driver, trace):
+        rows, read = dialect.lock_steps(conn, 1, [5, 3, 9])
+        parts = {s: read(conn, 1, s) for s in (3, 5)}
+    assert _syncs(trace) == 1
+    assert [(r.step, r.received, r.missing_ranks, r.deadline) for r in rows] == [
+        (3, 16, 62, 60.25),
+        (5, 16, 62, 60.25),
+    ]
+    for step in (3, 5):
+        assert parts[step] == read_parts(conn, 1, step)
+        assert parts[step][0] == [(r, 8, bytes([step, r])) for r in (0, 1)]
+    assert read(conn, 1, 4) == read_parts(conn, 1, 4)  # not locked here: read as before
+    with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://")) as other:
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute("SELECT 1 FROM steps WHERE run_id = 1 AND step = 3 FOR UPDATE NOWAIT")
+        other.rollback()
+        other.execute("SELECT 1 FROM steps WHERE run_id = 1 AND step = 4 FOR UPDATE NOWAIT")
+    driver.rollback()
+
+
+def test_a_statement_planned_each_time_is_never_prepared(conn: psycopg.Connection) -> None:
+    for k in (1, 2):
+        [rows] = pg_pipeline.run(conn, [(_INSERT, {"k": k, "x": 0.5})], plan_each={_INSERT})
+        assert rows == [(k, 0.5)]
+    texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
+    conn.rollback()
+    assert not [t for t in texts if "round_trip_t" in t]
