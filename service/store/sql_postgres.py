@@ -36,11 +36,9 @@ that the pipeline's ``INSERT ... SELECT`` empties.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import psycopg
-from psycopg import pq
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
@@ -182,10 +180,8 @@ class PostgresDialect:
             **_partial_params(partials),
             **_added_params(run, added, now),
         }
-        steps = driver.cursor(row_factory=namedtuple_row)
-        with whole_transaction(driver) if alone else driver.pipeline():
-            steps.execute(PIPELINE.apply, params)
-        out = [state_of(r) for r in steps.fetchall()]
+        [steps] = pg_pipeline.run(driver, [(PIPELINE.apply, params)], commit=alone)
+        out = [state_of_tuple(r) for r in steps]
         for row in out:
             row.changed = True
         return out
@@ -311,43 +307,6 @@ class PostgresDialect:
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
     ) -> tuple[Sequence[Any], int]:
         return sql_series.downsampled_pg(conn, params, in_range)
-
-
-@contextlib.contextmanager
-def whole_transaction(driver: psycopg.Connection[Any]) -> Iterator[None]:
-    """The block's statements as one transaction in ONE round trip: ``BEGIN``, the
-    statements and ``COMMIT`` sent in one pipeline, answered after its one Sync.
-
-    Left to begin the transaction itself, psycopg sends its ``BEGIN`` in a pipeline
-    with a Sync of its own and waits for the answer (to learn the transaction's
-    status): a round trip more, ~0.1 ms on this machine (bench/README.md, Scale). So the
-    connection is switched to autocommit, which psycopg leaves alone, and the block's
-    transaction is begun and committed by statements of its own; an error leaves the
-    transaction rolled back. Called on a connection already in a transaction, the block
-    joins it, and the ``COMMIT`` ends it.
-
-    The ``BEGIN`` is explicit on purpose: the statements before a Sync would run as one
-    implicit transaction without it, but a nested pipeline in the block (psycopg syncs
-    when one is entered or left) would then commit half of it; measured, leaving the
-    two statements out gained nothing (bench/README.md, Scale)."""
-    if driver.autocommit or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        with driver.pipeline():
-            yield
-            driver.execute(b"COMMIT")
-        return
-    driver.autocommit = True
-    try:
-        with driver.pipeline():
-            driver.execute(pg_pipeline.begin(driver))
-            yield
-            driver.execute(b"COMMIT")
-    finally:
-        status = driver.pgconn.transaction_status
-        if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
-            driver.rollback()  # the pipeline failed: its transaction is aborted
-        if driver.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            driver.autocommit = False
-        # else the connection is lost (its error is on its way up): the store drops it
 
 
 def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> Int8Array:

@@ -1,11 +1,11 @@
 """PostgreSQL's hot statements in one round trip each, against real PostgreSQL, the
-messages read from libpq's own trace: a whole transaction
-(:func:`.sql_postgres.whole_transaction`), a finalisation's read of a step's parts and
+messages read from libpq's own trace: a transaction sent through libpq
+(:func:`.pg_pipeline.run`), a finalisation's lock and read of its steps' parts, and
 its write of the step rows and values.
 
 psycopg, left to begin a transaction inside a pipeline, sends its ``BEGIN`` with a Sync
 of its own and waits for the answer before the statements go: one round trip more
-for every fresh group a writer stores."""
+for every fresh group a writer stored that way."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.step import StepState
 from steptally.service.store import pg_pipeline
 from steptally.service.store.engine import make_engine
-from steptally.service.store.sql_postgres import PostgresDialect, whole_transaction
+from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_step import read_parts
 
 pytestmark = pytest.mark.postgres
@@ -91,76 +91,27 @@ def run_conn(postgres_url: str) -> Iterator[tuple[sa.Connection, psycopg.Connect
         engine.dispose()
 
 
-def test_begin_statements_and_commit_go_with_one_sync(
-    conn: psycopg.Connection, url: str, tmp_path: Path
-) -> None:
-    trace = tmp_path / "trace"
-    with _traced(conn, trace), whole_transaction(conn):
-        conn.execute("INSERT INTO round_trip_t VALUES (1)")
-        conn.execute("INSERT INTO round_trip_t VALUES (2)")
-    assert _syncs(trace) == 1
-    text = trace.read_text()
-    assert text.index("BEGIN") < text.index("INSERT") < text.index("COMMIT")
-    assert _stored(url) == [1, 2]
-    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
-    assert conn.autocommit is False
+def _open_step(driver: psycopg.Connection, step: int, *counters: float) -> None:
+    """An open step of run 1: ``counters`` are its committed ranks, expected and
+    received fragments, missing ranks, first-seen time and deadline."""
+    driver.execute(
+        "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
+        "expected, received, missing_ranks, first_seen_at, deadline) "
+        "VALUES (1, %s, 'open', 0, %s, %s, %s, %s, %s, %s)",
+        (step, *counters),
+    )
 
 
 def test_psycopg_alone_takes_a_round_trip_more(
     conn: psycopg.Connection, url: str, tmp_path: Path
 ) -> None:
-    """What the helper saves: the same statements in psycopg's own transaction."""
+    """What :func:`.pg_pipeline.run` saves: the statements in psycopg's own transaction."""
     trace = tmp_path / "trace"
     with _traced(conn, trace), conn.pipeline():
         conn.execute("INSERT INTO round_trip_t VALUES (1)")
         conn.execute(b"COMMIT")
     assert _syncs(trace) == 2
     assert _stored(url) == [1]
-
-
-def test_a_failed_statement_rolls_the_whole_block_back(conn: psycopg.Connection, url: str) -> None:
-    with pytest.raises(psycopg.errors.UniqueViolation), whole_transaction(conn):
-        conn.execute("INSERT INTO round_trip_t VALUES (1)")
-        conn.execute("INSERT INTO round_trip_t VALUES (1)")
-    assert _stored(url) == []
-    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
-    assert conn.autocommit is False
-    conn.execute("INSERT INTO round_trip_t VALUES (3)")  # the connection goes on as before
-    conn.commit()
-    assert _stored(url) == [3]
-
-
-def test_a_lost_connection_raises_its_own_error(conn: psycopg.Connection, url: str) -> None:
-    """The database ends the session under the block: the error that says so comes up
-    (not one of putting the connection back), and nothing is stored."""
-    pid = conn.info.backend_pid
-    with pytest.raises(psycopg.OperationalError, match="server closed"), whole_transaction(conn):
-        conn.execute("INSERT INTO round_trip_t VALUES (1)")
-        with psycopg.connect(url, autocommit=True) as other:
-            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        conn.execute("INSERT INTO round_trip_t VALUES (2)")
-    assert conn.broken
-    assert _stored(url) == []
-
-
-def test_a_block_inside_a_transaction_commits_what_came_before(
-    conn: psycopg.Connection, url: str, tmp_path: Path
-) -> None:
-    """What a batch's apply does after its probe: its writes and the commit, one Sync."""
-    conn.execute("INSERT INTO round_trip_t VALUES (1)")
-    trace = tmp_path / "trace"
-    with _traced(conn, trace), whole_transaction(conn):
-        conn.execute("INSERT INTO round_trip_t VALUES (2)")
-    assert _syncs(trace) == 1
-    assert _stored(url) == [1, 2]
-    assert conn.autocommit is False
-
-
-def test_the_connections_isolation_level_is_kept(conn: psycopg.Connection) -> None:
-    conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-    with whole_transaction(conn):
-        level = conn.execute("SHOW transaction_isolation")
-    assert level.fetchone() == ("serializable",)
 
 
 def test_a_steps_parts_come_in_one_round_trip_bit_for_bit(
@@ -206,12 +157,7 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
     rows[0].changed = rows[1].changed = True
     conn, driver = run_conn
     for step in (3, 4, 5):
-        driver.execute(
-            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
-            "expected, received, missing_ranks, first_seen_at, deadline) "
-            "VALUES (1, %s, 'open', 0, 0, 0, 0, 4, 0, 60)",
-            (step,),
-        )
+        _open_step(driver, step, 0, 0, 0, 4, 0, 60)
     driver.execute("INSERT INTO step_values VALUES (1, 0, 3, 7.0, 0)")  # replaced
     driver.commit()
     driver.execute("SELECT 1")  # inside a transaction, as a finalisation writes
@@ -380,12 +326,7 @@ def test_a_finalisation_locks_its_steps_and_reads_their_parts_in_one_round_trip(
     ``read_parts`` reads them; a step not asked for is read as before."""
     conn, driver = run_conn
     for step in (3, 4, 5):
-        driver.execute(
-            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, "
-            "expected, received, missing_ranks, first_seen_at, deadline) "
-            "VALUES (1, %s, 'open', 0, 2, 16, 16, 62, 0.5, 60.25)",
-            (step,),
-        )
+        _open_step(driver, step, 2, 16, 16, 62, 0.5, 60.25)
         for rank in (0, 1):
             driver.execute(
                 "INSERT INTO partials VALUES (1, %s, %s, 8, %s)", (step, rank, bytes([step, rank]))
