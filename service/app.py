@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 
 from steptally.service.api import docs, errors, events, fragments, health, runs, steps
 from steptally.service.api.deadline import RequestDeadline
+from steptally.service.api.direct import DirectLane
 from steptally.service.api.docs import declare_bearer, describe_limits
 from steptally.service.api.front import App
 from steptally.service.api.handoff import Handoff
@@ -70,6 +71,7 @@ def create_app(
     service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
     tokens = open_tokens(settings)  # None: auth is off
     handoff = Handoff()
+    limiter = limiter_of(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,7 +114,7 @@ def create_app(
     errors.install(app)
     layers = [  # innermost first; the ingest lane goes through the same ones (front.py)
         Middleware(RequestLimits, settings=settings),  # content type and body size
-        Middleware(Guard, tokens=tokens, limiter=limiter_of(settings)),  # one limiter
+        Middleware(Guard, tokens=tokens, limiter=limiter),  # one limiter
         Middleware(RequestDeadline, seconds=settings.request_timeout_s),
         Middleware(RequestMetrics, telemetry=telemetry),
     ]
@@ -123,6 +125,18 @@ def create_app(
         declare_bearer(app)
     for module in (runs, fragments, steps, events, health, docs):
         app.include_router(module.router)
-    app.serve_lane(fragments.lane(fragments.router.routes), layers)  # the common ingest
+    lane = fragments.lane(fragments.router.routes)
+    app.serve_lane(lane, layers)  # the common ingest
+    if tokens is None:  # with auth on, a request's token is read from the database
+        app.direct = DirectLane(
+            app,
+            lane,
+            service,
+            app.state.body_budget,
+            telemetry,
+            limiter,
+            settings.max_body_bytes,
+            settings.request_timeout_s,
+        )
     dashboard.install(app)
     return app

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
+from steptally.service.api.direct import LaneProtocol
 from steptally.service.settings import Settings
 
 APP_FACTORY = "steptally.service.serving:worker_app"
@@ -33,7 +34,9 @@ def serve(settings: Settings, workers: int) -> int:
         app = create_app(settings)
         tune_collector()
         # uvicorn exits with STARTUP_FAILURE itself when the app does not start
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        uvicorn.run(
+            app, host=settings.host, port=settings.port, log_level="warning", http=LaneProtocol
+        )
         return 0
     if settings.redis_url is None:  # N processes, one database: none hears all the others
         settings = settings.model_copy(update={"events_poll": True})
@@ -45,6 +48,7 @@ def serve(settings: Settings, workers: int) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        http=LaneProtocol,
     )
     supervisor = Multiprocess(config, sockets=[config.bind_socket()])
     supervisor.run()

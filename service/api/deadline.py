@@ -43,6 +43,14 @@ class AnswerWatch:
         await self.send(message)
 
 
+def late(seconds: float) -> Unavailable:
+    """The error of a request with no answer started within ``seconds``."""
+    return Unavailable(
+        f"no answer within the service's request timeout ({seconds:g} s): "
+        "the database is not responding; retry"
+    )
+
+
 class RequestDeadline:
     """Answers 503 ``unavailable`` when no answer has started by the deadline."""
 
@@ -61,8 +69,4 @@ class RequestDeadline:
         except TimeoutError:
             if watched.started:
                 raise  # half an answer went out: nothing else can be said
-            late = Unavailable(
-                f"no answer within the service's request timeout ({self.seconds:g} s): "
-                "the database is not responding; retry"
-            )
-            await answer_error(Request(scope), late)(scope, receive, send)
+            await answer_error(Request(scope), late(self.seconds))(scope, receive, send)

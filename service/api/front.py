@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
@@ -44,6 +45,8 @@ class App(FastAPI):
     """FastAPI with the ingest lane in front; :meth:`serve_lane` opens it."""
 
     lane: IngestLane | None = None
+    #: the lane's common request served by the HTTP protocol (``service/api/direct.py``)
+    direct: Any = None
     _lane_chain: ASGIApp | None = None
 
     def serve_lane(self, lane: IngestLane, layers: Sequence[Middleware]) -> None:
@@ -57,7 +60,7 @@ class App(FastAPI):
 
     def close_lane(self) -> None:
         """Send every request through FastAPI again (what the lane is checked against)."""
-        self.lane = self._lane_chain = None
+        self.lane = self._lane_chain = self.direct = None
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.lane is not None

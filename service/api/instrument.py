@@ -18,6 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from steptally.service.metrics.instruments import Telemetry
 
 UNMATCHED = "unmatched"
+#: the scope's key for the ``perf_counter`` of a request's arrival, where it was taken
+#: before the metrics were called (``service/api/direct.py``)
+ARRIVED = "steptally.arrived"
 
 
 def route_template(scope: Scope) -> str:
@@ -37,7 +40,7 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
+        started = scope.get(ARRIVED) or time.perf_counter()
         recorded = False
 
         def record(status: int) -> None:

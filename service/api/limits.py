@@ -105,7 +105,8 @@ class BodyBudget:
         self.held = 0
         self._lock = threading.Lock()
 
-    def _try(self, n: int) -> bool:
+    def try_acquire(self, n: int) -> bool:
+        """Hold ``n`` bytes if there is room now."""
         with self._lock:
             if self.held and self.held + n > self.capacity:
                 return False
@@ -115,7 +116,7 @@ class BodyBudget:
     async def acquire(self, n: int) -> None:
         """Hold ``n`` bytes, waiting up to ``wait_s`` for room; else 503 unavailable."""
         deadline = time.monotonic() + self.wait_s
-        while not self._try(n):
+        while not self.try_acquire(n):
             if time.monotonic() > deadline:
                 raise Unavailable(
                     "the service is decoding as many bodies as it may at once "

@@ -119,7 +119,7 @@ class Guard:
         if path == "/healthz":
             return None
         need = need_of(scope["method"], path)
-        address = _address(scope)
+        address = address_of(scope)
         if self.tokens is None or need.scope is None:
             self._limit(address, "from this address")
             return None
@@ -167,7 +167,7 @@ class Guard:
         )
 
 
-def _address(scope: Scope) -> str:
+def address_of(scope: Scope) -> str:
     client = scope.get("client")
     return f"address:{client[0] if client else 'unknown'}"
 
