@@ -172,12 +172,13 @@ def _fresh() -> str:
         f"WHERE {found(COMMITS)} OR {found(PARTIALS)}) AS ok"
     )
     only = "(SELECT ok FROM ok)"
+    inserted = " + ".join(f"(SELECT count(*) FROM {t})" for t in ("f", "c", "p"))
     return (
         f"WITH ok AS ({ok}), "
-        f"f AS ({_unnest_insert(FRAGMENTS, prefix='f_', where=only)}), "
-        f"c AS ({_unnest_insert(COMMITS, prefix='c_', where=only)}), "
-        f"p AS ({_unnest_insert(PARTIALS, prefix='p_', where=only)}), "
-        f"s AS ({_add_to_steps(where=only)}) "
+        f"f AS ({_unnest_insert(FRAGMENTS, prefix='f_', where=only, returning=['1'])}), "
+        f"c AS ({_unnest_insert(COMMITS, prefix='c_', where=only, returning=['1'])}), "
+        f"p AS ({_unnest_insert(PARTIALS, prefix='p_', where=only, returning=['1'])}), "
+        f"s AS ({_add_to_steps(where=f'{only} AND {inserted} >= 0')}) "
         "SELECT ok.ok, s.* FROM ok LEFT JOIN s ON true"
     )
 
