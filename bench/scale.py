@@ -26,7 +26,11 @@ Measured per row, in the same run:
     machine's busy share over the same kind of window as the rows' (so a rate can be
     told apart from an efficiency: a peer that fills both cores is CPU-bound, a store
     that leaves them half idle is bound by its waits); and its own HTTP floor
-    (``GET /health``);
+    (``GET /health``). Twice: with every series of the timed rank-steps new, as the
+    first step of a run brings them (``victoria_*``), and with them stored already, a
+    step of every rank imported before the clock (``victoria_stored_*``), as in the
+    rest of a run: VictoriaMetrics's cost per value is ~2.5× lower once its series
+    exist, while Steptally's is the same at every step (bench/README.md, Scale);
   * finalise latency of each step: the ``time.monotonic()`` at which the step's event
     arrived on an event stream (``GET /v1/runs/bench/events``, a separate process,
     connected to replica 0) minus the time at which the client got the answer of the
@@ -134,6 +138,9 @@ COLUMNS = [
     "victoria_floor_ratio",
     "victoria_cpu_us_per_value",
     "victoria_busy_share",
+    "victoria_stored_rank_steps_per_s",
+    "victoria_stored_ratio",
+    "victoria_stored_cpu_us_per_value",
     "finalise_p50_ms",
     "finalise_p99_ms",
     "completing_rtt_p50_ms",
@@ -523,11 +530,15 @@ class Victoria:
     busy_share: float
 
 
-def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> Victoria:
+def victoria_rate(
+    ranks: int, steps: int, args: argparse.Namespace, stored: bool = False
+) -> Victoria:
     """VictoriaMetrics importing the same rank-steps as the ingest rows, by the same
     clients (ranks dealt out alike, each client in step order), with its CPU over the
     same window as the rows' (from the clients' release to the last answer); and its own
-    HTTP floor (``GET /health``, as many, same clients)."""
+    HTTP floor (``GET /health``, as many, same clients). ``stored``: each client imports
+    a step of each of its ranks (step -1, outside the timed range) before the clock, so
+    every series the timed steps write to exists already."""
     texts = [[import_text(r, s) for r in range(ranks)] for s in range(steps)]
     with tempfile.TemporaryDirectory() as d, victoria(Path(d)) as (port, pid):
         jobs = []
@@ -540,6 +551,8 @@ def victoria_rate(ranks: int, steps: int, args: argparse.Namespace) -> Victoria:
                 for r in mine
             ]
             warm = [request("POST", port, path, import_text(ranks + i, -1), kind="text")]
+            if stored:
+                warm += [request("POST", port, path, import_text(r, -1), kind="text") for r in mine]
             jobs.append(Job(port, reqs, warmup=[request("GET", port, "/health")] * 3 + warm))
         start: dict[str, float] = {}
 
@@ -590,6 +603,7 @@ def measure(
     steps: int,
     pgw: float,
     vm: Victoria,
+    vm_stored: Victoria,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     all_bodies = prepared(ranks, steps)
@@ -660,6 +674,9 @@ def measure(
         "victoria_floor_ratio": vm.rate / vm.floor,
         "victoria_cpu_us_per_value": vm.cpu_us_per_value,
         "victoria_busy_share": vm.busy_share,
+        "victoria_stored_rank_steps_per_s": vm_stored.rate,
+        "victoria_stored_ratio": rate / vm_stored.rate,
+        "victoria_stored_cpu_us_per_value": vm_stored.cpu_us_per_value,
         "finalise_p50_ms": pct(latency, 50),
         "finalise_p99_ms": pct(latency, 99),
         "completing_rtt_p50_ms": pct(rtt, 50),
@@ -723,21 +740,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     xs = sorted(by_ranks)
     pgw = [1e6 / (by_ranks[x] * VALUES_PER_BODY) for x in xs]
     wall.plot(xs, pgw, "s--", color="black", label="Pushgateway")
-    vms: dict[int, list[float]] = {}
-    for r in rows:
-        vms.setdefault(r["ranks"], []).append(r["victoria_rank_steps_per_s"])
-    vm = [1e6 / (float(np.median(vms[x])) * VALUES_PER_BODY) for x in xs]
-    wall.plot(xs, vm, "D--", color="grey", label="VictoriaMetrics (median of its runs)")
-    vm_cpu: dict[int, list[float]] = {}
-    for r in rows:
-        vm_cpu.setdefault(r["ranks"], []).append(r["victoria_cpu_us_per_value"])
-    cpu.plot(
-        xs,
-        [float(np.median(vm_cpu[x])) for x in xs],
-        "D--",
-        color="grey",
-        label="VictoriaMetrics (median of its runs)",
-    )
+    for key, style, label in (
+        ("victoria", "D--", "VictoriaMetrics, new series (median of its runs)"),
+        ("victoria_stored", "d:", "VictoriaMetrics, series stored (median)"),
+    ):
+        rates: dict[int, list[float]] = {}
+        cpus: dict[int, list[float]] = {}
+        for r in rows:
+            if f"{key}_rank_steps_per_s" in r:  # CSVs from before the stored series
+                rates.setdefault(r["ranks"], []).append(r[f"{key}_rank_steps_per_s"])
+                cpus.setdefault(r["ranks"], []).append(r[f"{key}_cpu_us_per_value"])
+        at = [x for x in xs if x in rates]
+        wall_us = [1e6 / (float(np.median(rates[x])) * VALUES_PER_BODY) for x in at]
+        wall.plot(at, wall_us, style, color="grey", label=label)
+        cpu.plot(at, [float(np.median(cpus[x])) for x in at], style, color="grey", label=label)
     for ax, title in (
         (wall, "wall time per value (µs), 2 shared cores"),
         (cpu, "CPU per value (µs): server + database, and client"),
@@ -752,10 +768,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as the table of bench/README.md, Scale."""
     out = [
         "| config | ranks × steps | rank-steps/s | values/s | µs/value | × HTTP floor "
-        "| × Pushgateway | × VictoriaMetrics (its rank-steps/s) | finalise p50 / p99 ms "
+        "| × Pushgateway | × VictoriaMetrics (its rank-steps/s) "
+        "| × VictoriaMetrics, series stored (its rank-steps/s) | finalise p50 / p99 ms "
         "| completing request p50 / p99 ms (median request) | server + db CPU µs/value "
         "| VictoriaMetrics CPU µs/value | client CPU µs/request | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -763,6 +780,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['values_per_s'] / 1000:.0f}k | {r['us_per_value']:.1f} "
             f"| {r['floor_ratio']:.3f} | {r['pushgateway_ratio']:.1f} "
             f"| {r['victoria_ratio']:.2f} ({r['victoria_rank_steps_per_s']:.0f}) "
+            f"| {r['victoria_stored_ratio']:.2f} ({r['victoria_stored_rank_steps_per_s']:.0f}) "
             f"| {r['finalise_p50_ms']:.1f} / {r['finalise_p99_ms']:.1f} "
             f"| {r['completing_rtt_p50_ms']:.0f} / {r['completing_rtt_p99_ms']:.0f} "
             f"({r['rtt_p50_ms']:.0f}) | {r['server_cpu_us_per_value']:.1f} "
@@ -777,7 +795,8 @@ def progress(row: dict[str, Any]) -> None:
         f"{row['config']:>17} {row['ranks']:>5} ranks × {row['steps']:>3} steps: "
         f"{row['rank_steps_per_s']:7.1f} rank-steps/s ({row['values_per_s']:,.0f} values/s), "
         f"{row['floor_ratio']:.2f} of the HTTP floor, {row['pushgateway_ratio']:.1f}× the "
-        f"Pushgateway, {row['victoria_ratio']:.2f}× VictoriaMetrics, finalise p50/p99 "
+        f"Pushgateway, {row['victoria_ratio']:.2f}× VictoriaMetrics "
+        f"({row['victoria_stored_ratio']:.2f}× with its series stored), finalise p50/p99 "
         f"{row['finalise_p50_ms']:.1f}/"
         f"{row['finalise_p99_ms']:.1f} ms, server {row['server_cpu_s']:.1f} s + db "
         f"{row['db_cpu_s']:.1f} s vs client {row['client_cpu_s']:.1f} s CPU "
@@ -820,13 +839,16 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.configs:
             for workers in args.workers:
                 vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
-                log(
-                    f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {vm.rate:7.1f} rank-steps/s "
-                    f"({vm.rate / vm.floor:.2f} of its HTTP floor), "
-                    f"{vm.cpu_us_per_value:.1f} µs CPU/value, machine "
-                    f"{100 * vm.busy_share:.0f} % busy"
-                )
-                row = measure(CONFIGS[name].with_workers(workers), ranks, steps, pgw, vm, args)
+                vm_stored = victoria_rate(ranks, steps, args, stored=True)
+                for label, v in (("new series", vm), ("stored series", vm_stored)):
+                    log(
+                        f"{'VictoriaMetrics':>17} {ranks:>5} ranks: {v.rate:7.1f} rank-steps/s "
+                        f"({label}; {v.rate / v.floor:.2f} of its HTTP floor), "
+                        f"{v.cpu_us_per_value:.1f} µs CPU/value, machine "
+                        f"{100 * v.busy_share:.0f} % busy"
+                    )
+                config = CONFIGS[name].with_workers(workers)
+                row = measure(config, ranks, steps, pgw, vm, vm_stored, args)
                 rows.append(row)
                 progress(row)
                 write_csv(rows, args.out / f"{stem}.csv")

@@ -48,6 +48,10 @@ def read(labelled: list[str]) -> dict[tuple[str, str, int], dict[str, list[float
                 for field in FIELDS:
                     out[key][field].append(float(row[field]))
                 out[key]["victoria"].append(float(row["victoria_rank_steps_per_s"]))
+                if row.get("victoria_stored_ratio"):  # CSVs from before it have none
+                    out[key]["victoria_stored_ratio"].append(float(row["victoria_stored_ratio"]))
+                    stored = float(row["victoria_stored_rank_steps_per_s"])
+                    out[key]["victoria_stored"].append(stored)
     return out
 
 
@@ -63,12 +67,19 @@ def medians(data: dict[tuple[str, str, int], dict[str, list[float]]]) -> list[di
 
 
 def markdown(rows: list[dict[str, Any]], versions: list[str]) -> str:
-    head = "| config | ranks | version | runs | " + " | ".join(FIELDS.values()) + " |"
-    out = [head, "|" + "---|" * (4 + len(FIELDS))]
+    names = list(FIELDS.values())
+    names.insert(2, "× VictoriaMetrics, series stored")
+    head = "| config | ranks | version | runs | " + " | ".join(names) + " |"
+    out = [head, "|" + "---|" * (4 + len(names))]
     for r in sorted(rows, key=lambda r: (r["config"], r["ranks"], versions.index(r["version"]))):
         cells = [
             f"{r['rank_steps_per_s']:.0f}",
             f"{r['victoria_ratio']:.2f} ({r['victoria']:.0f})",
+            (
+                f"{r['victoria_stored_ratio']:.2f} ({r['victoria_stored']:.0f})"
+                if "victoria_stored" in r
+                else "—"
+            ),
             f"{r['floor_ratio']:.3f}",
             f"{r['server_cpu_us_per_value']:.1f}",
             f"{r['finalise_p99_ms']:.1f}",
@@ -114,14 +125,19 @@ def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
                 y = [r[field] for r in mine]
                 ax.plot(x, y, style, color=colour, markerfacecolor=face, label=label)
                 _values(ax, x, y, fmt, colour)
-    vm: dict[int, list[float]] = defaultdict(list)
-    for r in rows:
-        vm[r["ranks"]].append(r["victoria"])
-    xs = sorted(vm)
-    vm_rate = [statistics.median(vm[x]) for x in xs]
-    rate.plot(xs, vm_rate, "D--", color="grey",
-              label="VictoriaMetrics (median beside the rows)")  # fmt: skip
-    _values(rate, xs, vm_rate, "{:,.0f}", "grey")
+    xs = sorted({r["ranks"] for r in rows})
+    for key, style, label in (
+        ("victoria", "D--", "VictoriaMetrics, new series (median beside the rows)"),
+        ("victoria_stored", "d:", "VictoriaMetrics, series stored (median)"),
+    ):
+        vm: dict[int, list[float]] = defaultdict(list)
+        for r in rows:
+            if key in r:
+                vm[r["ranks"]].append(r[key])
+        at = [x for x in xs if x in vm]
+        vm_rate = [statistics.median(vm[x]) for x in at]
+        rate.plot(at, vm_rate, style, color="grey", label=label)
+        _values(rate, at, vm_rate, "{:,.0f}", "grey")
     for ax, title in (
         (rate, "rank-steps/s (higher is better), 2 shared cores"),
         (cpu, "server + database CPU per value, µs (lower is better)"),

@@ -39,6 +39,9 @@ POSITIVE = [
     "victoria_floor_ratio",
     "victoria_cpu_us_per_value",
     "victoria_busy_share",
+    "victoria_stored_rank_steps_per_s",
+    "victoria_stored_ratio",
+    "victoria_stored_cpu_us_per_value",
     "completing_rtt_p50_ms",
     "completing_rtt_p99_ms",
     "rtt_p50_ms",
@@ -79,6 +82,10 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
         assert float(row["values_per_s"]) == pytest.approx(
             float(row["rank_steps_per_s"]) * VALUES_PER_BODY, rel=1e-4
         )
+        for key in ("victoria", "victoria_stored"):
+            assert float(row[f"{key}_ratio"]) == pytest.approx(
+                float(row["rank_steps_per_s"]) / float(row[f"{key}_rank_steps_per_s"]), rel=1e-4
+            )
         assert float(row["db_cpu_s"]) == 0.0  # SQLite runs inside the server
         loop_s = float(row["loop_cpu_us_per_request"]) * int(row["rank_steps"]) / 1e6
         assert loop_s <= float(row["server_cpu_s"]) + 0.02  # a thread of the server
@@ -87,4 +94,5 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
     # one line of progress per row, and one per Pushgateway anchor
     assert done.stderr.count(" ranks × ") == 2
     assert done.stderr.count("Pushgateway ") >= 2
-    assert done.stderr.count("VictoriaMetrics ") >= 2
+    assert done.stderr.count("VictoriaMetrics ") >= 4
+    assert done.stderr.count("(stored series;") == 2  # beside each row, with its series stored
