@@ -138,10 +138,13 @@ class Dialect(Protocol):
         nothing written: the batch then takes :meth:`probe` and :meth:`apply`."""
         ...
 
-    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+    def write_steps(
+        self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False
+    ) -> None:
         """Write the changed step ``rows`` and, of those finalised in this transaction,
         their values (each replacing the step's earlier value of its column) and the
-        breaches they found."""
+        breaches they found. ``last``: the transaction ends with these writes (a
+        dialect may commit it with them; the caller's commit then finds it done)."""
         ...
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
@@ -317,7 +320,9 @@ class SqliteDialect:
     ) -> list[StepState] | None:
         return None  # no such path: the probe is one read, in the group's own transaction
 
-    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+    def write_steps(
+        self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False
+    ) -> None:
         write_steps(conn, self.sql, run_id, rows, self._write_values)
 
     def _write_values(

@@ -275,8 +275,9 @@ class SqlStore:
                 continue
             try:
                 with self._write() as conn:
+                    reload = self._reloader(conn, run)
                     done = sql_ingest.finalise_due(
-                        conn, self.dialect, run, self._reloader(conn, run), steps, now
+                        conn, self.dialect, run, reload, steps, now, last=True
                     )
             except Exception:  # the batch is durable: the sweep finalises its steps
                 log.exception(

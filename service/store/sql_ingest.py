@@ -282,13 +282,15 @@ def finalise_due(
     reload: Reload,
     steps: Sequence[int],
     now: float,
+    last: bool = False,
 ) -> list[FinalisedStep]:
     """Lock ``steps`` (which a committed batch changed) and finalise those that are
-    due as they stand now: each once, whoever else finalised them meanwhile."""
+    due as they stand now: each once, whoever else finalised them meanwhile.
+    ``last``: the transaction ends with it (its writes may commit it)."""
     rows, read = dialect.lock_steps(conn, run.id, sorted(steps))
     for row in rows:
         row.changed = True  # the batch changed it; a step finalised since is passed over
-    return _finalise(conn, dialect, run, reload, rows, now, read)
+    return _finalise(conn, dialect, run, reload, rows, now, read, last)
 
 
 def _once(read: Reload) -> Reload:
@@ -327,6 +329,7 @@ def _finalise(
     rows: Iterable[StepState],
     now: float,
     read: PartsReader | None = None,
+    last: bool = False,
 ) -> list[FinalisedStep]:
     """Finalise the steps that :func:`~steptally.service.domain.step.next_status` names
     (against the run's current spec, read once when the first one is), and write them
@@ -342,5 +345,5 @@ def _finalise(
         out.append(finalise_row(conn, read or dialect.read_parts, current, row, status, now, done))
         done.append(row)
     if done:
-        dialect.write_steps(conn, run.id, done)
+        dialect.write_steps(conn, run.id, done, last)
     return out

@@ -230,13 +230,16 @@ class PostgresDialect:
             row.changed = True
         return out
 
-    def write_steps(self, conn: Connection, run_id: int, rows: Sequence[StepState]) -> None:
+    def write_steps(
+        self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False
+    ) -> None:
         """The values (one statement of arrays, :data:`PIPELINE` ``upsert_values``) and
         the step rows (``update_step`` each, by its key) in one round trip
-        (:func:`.pg_pipeline.run`, the transaction left open); the breaches, when there
-        are some, before. SQLAlchemy's executemany sent a statement
-        a value, each row's parameters dumped in Python (half a finalisation's CPU at 8
-        ranks), and the values and the rows took a round trip each."""
+        (:func:`.pg_pipeline.run`; ``last``: with the ``COMMIT``, else the transaction
+        left open); the breaches, when there are some, before. SQLAlchemy's executemany
+        sent a statement a value, each row's parameters dumped in Python (half a
+        finalisation's CPU at 8 ranks), and the values and the rows took a round trip
+        each; the commit after them took one more."""
         write_breaches(conn, self.sql, run_id, rows)
         changed = [r for r in rows if r.changed]
         if not changed:
@@ -247,7 +250,7 @@ class PostgresDialect:
         statements = [(PIPELINE.update_step, p) for p in _steps_params(run_id, changed)]
         if values:
             statements.insert(0, (PIPELINE.upsert_values, _values_params(run_id, values)))
-        pg_pipeline.run(driver, statements, commit=False)
+        pg_pipeline.run(driver, statements, commit=last)
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         """A step's partial rows and commits in one round trip (:func:`.pg_pipeline.run`,

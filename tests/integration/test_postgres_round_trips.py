@@ -13,8 +13,9 @@ import math
 import random
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -362,3 +363,64 @@ def test_a_statement_planned_each_time_is_never_prepared(conn: psycopg.Connectio
     texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
     conn.rollback()
     assert not [t for t in texts if "round_trip_t" in t]
+
+
+def test_a_finalisation_after_its_groups_commit_ends_with_its_writes(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch that completes a step: its group's round trip, then the finalisation's
+    — the rows locked and the parts read, the run's spec looked at, then the writes
+    with the ``COMMIT`` — and no round trip more for the commit; what it wrote is
+    committed."""
+    from fastapi.testclient import TestClient
+
+    from steptally.service.app import create_app
+    from steptally.service.settings import Settings
+    from tests.integration.conftest import _empty
+    from tests.integration.test_ingest_lane import JSON, _rows
+
+    _empty(postgres_url)
+    trace = tmp_path / "trace"
+    traced: list[psycopg.Connection] = []
+    run = pg_pipeline.run
+
+    def tracing(driver: psycopg.Connection, *args: Any, **kwargs: Any) -> Any:
+        if not traced:  # the writer's connection, from the next pipeline on
+            traced.append(driver)
+            driver.pgconn.trace(files.enter_context(trace.open("w")).fileno())
+            driver.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        return run(driver, *args, **kwargs)
+
+    app = create_app(Settings(database_url=postgres_url, ingest_writers=1), sweep=False)
+    with TestClient(app) as client, ExitStack() as files:
+        spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
+        assert client.post("/v1/runs", json=spec).status_code == 201
+        for rank in (0, 1):  # step 0, finalised: the store knows the run's spec since
+            body = _rows((0, rank, 0, {"a": 1.0, "n": 1}), commits=[(0, rank, 1)])
+            assert client.post("/v1/runs/r/fragments", content=body, headers=JSON).is_success
+        first = _rows((1, 0, 0, {"a": 1.5, "n": 1}), commits=[(1, 0, 1)])
+        assert (
+            client.post("/v1/runs/r/fragments", content=first, headers=JSON).json()["finalised"]
+            == []
+        )
+        monkeypatch.setattr(pg_pipeline, "run", tracing)
+        last = _rows((1, 1, 0, {"a": 2.5, "n": 1}), commits=[(1, 1, 1)])
+        answer = client.post("/v1/runs/r/fragments", content=last, headers=JSON).json()
+        assert answer["finalised"] == [{"step": 1, "status": "complete", "revision": 1}]
+        [driver] = traced
+        driver.pgconn.untrace()  # the writer waits for the next group: its trace is whole
+        # the group; the rows locked and the parts read; the run's spec looked at (one
+        # small read: unchanged); the writes with the commit, and nothing after them
+        sent = re.findall(r"^F\t\d+\t(\w+)\t? ?(.*)$", trace.read_text(), re.MULTILINE)
+        # a round trip: a pipeline's Sync, or a simple query (psycopg's own COMMIT)
+        assert sum(kind in ("Sync", "Query") for kind, _ in sent) == 4
+        commits = [i for i, (_, text) in enumerate(sent) if '"COMMIT"' in text]
+        assert len(commits) == 2  # the group's, and the finalisation's with its writes
+        assert sent[commits[-1] - 3][1].startswith('"" "steptally_')  # after a write
+        assert [kind for kind, _ in sent[commits[-1] :]] == [
+            "Parse", "Bind", "Describe", "Execute", "Sync"
+        ]  # fmt: skip
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://")) as c:
+            status = c.execute("SELECT status FROM steps WHERE step = 1").fetchone()
+        assert status == ("complete",)
