@@ -61,7 +61,6 @@ class Pending:
     outcome: IngestOutcome | None = None
     error: BaseException | None = None
     future: Future[IngestOutcome] = field(default_factory=Future)
-    answered: bool = False  # settled before the rest of its group (GroupCommit.answer)
 
 
 def _settle(p: Pending) -> None:
@@ -149,16 +148,6 @@ class GroupCommit:
             self._arrived.notify()
         return item.future
 
-    def answer(self, items: list[Pending]) -> None:
-        """Settle ``items`` of the group a writer is storing now, before the rest of it
-        (their outcomes are final and durable: a group whose commit is done, some of
-        whose batches wait for the finalisation of the steps they completed)."""
-        with self._lock:
-            self._in_flight -= len(items)
-        for p in items:
-            p.answered = True
-            _settle(p)
-
     def close(self) -> None:
         """Take no more batches; the writers finish what is queued, then stop."""
         with self._lock:
@@ -184,10 +173,9 @@ class GroupCommit:
             except BaseException as exc:  # the transaction failed: nothing of it is durable
                 for p in group:
                     p.outcome, p.error = None, exc
-            left = [p for p in group if not p.answered]
             with self._lock:
-                self._in_flight -= len(left)
-            for p in left:
+                self._in_flight -= len(group)
+            for p in group:
                 _settle(p)
 
     def _linger(self) -> None:

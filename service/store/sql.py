@@ -212,12 +212,7 @@ class SqlStore:
         """Store a group of batches (on a writer thread), then tell ``after_group``."""
         with self._writer_connection():
             self._store_group(group)
-        self._stored([p for p in group if not p.answered])
-
-    def _stored(self, group: list[Pending]) -> None:
-        """What a group's batches need before they are answered: their commits durable
-        (``sync``), and ``after_group`` told."""
-        self.dialect.sync()
+        self.dialect.sync()  # before any batch of the group is answered
         if self.after_group is not None:
             try:
                 self.after_group(group)
@@ -261,30 +256,21 @@ class SqlStore:
                 )
         except Exception:  # NotMerged, or a batch the database refused: one by one
             return False
-        for p, one in zip(group, stored, strict=True):
-            p.outcome = one.outcome
-        nows = [p.now for p in group]
-        due = [bool(self._due_after(run, one)) for one in stored]
-        if any(due) and not all(due):  # the others need not wait for the finalisation
-            early = [p for p, d in zip(group, due, strict=True) if not d]
-            self._stored(early)
-            self._group.answer(early)
-        self._finalise_after(run, stored, nows)
+        try:
+            self._finalise_after(run, stored, [p.now for p in group])
+        finally:
+            for p, one in zip(group, stored, strict=True):
+                p.outcome = one.outcome
         return True
-
-    def _due_after(self, run: RunRecord, one: Stored) -> list[int]:
-        """The steps a committed batch completed (or changed after a partial
-        finalisation), which :meth:`_finalise_after` finalises."""
-        if not self.dialect.finalises_after_commit:
-            return []
-        return [r.step for r in sql_ingest.due(run.world_size, one.changed)]
 
     def _finalise_after(self, run: RunRecord, stored: list[Stored], nows: list[float]) -> None:
         """Where the dialect finalises after the commit: the steps each committed batch
         completed (or changed after a partial finalisation), each in a transaction that
         locks its row, the finalisations added to that batch's outcome."""
+        if not self.dialect.finalises_after_commit:
+            return
         for one, now in zip(stored, nows, strict=True):
-            steps = self._due_after(run, one)
+            steps = [r.step for r in sql_ingest.due(run.world_size, one.changed)]
             if not steps:
                 continue
             try:

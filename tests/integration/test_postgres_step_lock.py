@@ -58,37 +58,3 @@ def test_a_groups_inserts_do_not_wait_for_its_steps_row(
             holder.rollback()  # the step's row let go: the group goes on and commits
             post.join(10)
         assert answers == [{"accepted": 1, "duplicates": 0, "commits": 1, "finalised": []}]
-
-
-def test_a_groups_batches_are_answered_before_the_finalisation_of_its_last(
-    postgres_url: str, empty_database: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three ranks of a step in one group: the last batch completes the step and waits
-    for its finalisation; the other two are answered once the group has committed."""
-    from steptally.service.store import sql_ingest
-
-    empty_database(postgres_url)
-    settings = Settings(database_url=postgres_url, ingest_group_max_wait_s=0.3, ingest_writers=1)
-    app = create_app(settings, sweep=False)
-    with TestClient(app) as client:
-        spec = {"name": "r", "world_size": 3, "metrics": {"a": "sum", "n": "count"}}
-        assert client.post("/v1/runs", json=spec).status_code == 201
-        ingest = app.state.service.ingest
-        gate = threading.Event()
-        finalise_due = sql_ingest.finalise_due
-
-        def held(*args: object, **kwargs: object) -> object:
-            gate.wait(10)
-            return finalise_due(*args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(sql_ingest, "finalise_due", held)
-        bodies = [_rows((0, r, 0, {"a": 1.0, "n": 1}), commits=[(0, r, 1)]) for r in range(3)]
-        futures = [ingest.submit(ingest.prepare("r", body)) for body in bodies]
-        first, second = futures[0].result(2), futures[1].result(2)
-        assert (first.accepted, first.commits, first.finalised) == (1, 1, [])
-        assert (second.accepted, second.commits, second.finalised) == (1, 1, [])
-        time.sleep(0.1)
-        assert not futures[2].done()  # its step's finalisation waits at the gate
-        gate.set()
-        last = futures[2].result(10)
-        assert [(f.step, f.status.value) for f in last.finalised] == [(0, "complete")]

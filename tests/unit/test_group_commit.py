@@ -251,32 +251,3 @@ def test_a_lingering_writer_whose_batches_another_took_waits_again() -> None:
         group._arrived.notify()
     lingering.join(10)
     assert [[p.batch.commits[(0, 0)] for p in g] for g in taken if g] == [[2]]
-
-
-def test_batches_answered_before_their_group_ends_leave_the_count_in_flight() -> None:
-    """``answer`` settles part of the group being stored: those futures are done while
-    the rest waits, the writer does not settle them again, and they no longer count as
-    in flight (a lingering writer would wait for them)."""
-    gate = threading.Event()
-    answered_early = threading.Event()
-    holder: list[GroupCommit] = []
-
-    def store(group: list[Pending]) -> None:
-        for p in group:
-            p.outcome = IngestOutcome(accepted=0, duplicates=0, commits=p.batch.commits[(0, 0)])
-        holder[0].answer(group[:2])
-        answered_early.set()
-        assert gate.wait(10)
-        group[2].outcome = IngestOutcome(accepted=1, duplicates=0, commits=99)
-
-    group = GroupCommit(store, max_batches=3, max_bytes=1 << 20, max_wait_s=5.0)
-    holder.append(group)
-    futures = [group.submit_future(NO_RUN, _batch(t), 0.0) for t in range(3)]
-    assert answered_early.wait(10)
-    assert [f.result(1).commits for f in futures[:2]] == [0, 1]
-    assert not futures[2].done()
-    assert group._in_flight == 1
-    gate.set()
-    assert futures[2].result(10).commits == 99
-    group.close()
-    assert group._in_flight == 0
