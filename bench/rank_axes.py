@@ -23,4 +23,5 @@ def rank_axes(ax: Any, ranks: list[int], title: str) -> None:
     ax.set_xlabel(XLABEL)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    # outside the axes, on the right: inside, it hid points (a one-rank plot's column)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

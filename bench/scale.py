@@ -723,7 +723,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (wall, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (wall, cpu) = plt.subplots(1, 2, figsize=(16, 5.2))
     configs = list(dict.fromkeys(r["config"] for r in rows))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, name in enumerate(configs):

@@ -105,7 +105,7 @@ def plot(rows: list[dict[str, Any]], versions: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(16, 5.2))
     colours = {"sqlite": "tab:blue", "postgres": "tab:orange"}
     for config in sorted({r["config"] for r in rows}):
         for version, (style, face) in zip(versions, (("o:", "none"), ("s-", None)), strict=True):
