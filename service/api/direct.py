@@ -40,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from concurrent.futures import CancelledError, Future
-from typing import Any, cast
+from concurrent.futures import Future
+from typing import Any, Protocol, cast
 
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -55,7 +55,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from steptally.service.api.deadline import late
 from steptally.service.api.fragments import INLINE_BYTES, IngestLane
 from steptally.service.api.front import Answering
-from steptally.service.api.instrument import ARRIVED, RequestMetrics
+from steptally.service.api.instrument import ARRIVED, RequestMetrics, route_template
 from steptally.service.api.limits import BodyBudget, is_json
 from steptally.service.api.schemas import JsonResponse, json_bytes
 from steptally.service.auth.middleware import address_of
@@ -73,15 +73,13 @@ _ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect"))
 _FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto"))
 
 
-class Reply:
+class Reply(Protocol):
     """How :class:`DirectLane` answers one request: :meth:`ok` with the answer's JSON, or
     :meth:`fail` with an error for the app's handlers to answer (see the module)."""
 
-    def ok(self, body: bytes) -> None:
-        raise NotImplementedError
+    def ok(self, body: bytes) -> None: ...
 
-    def fail(self, error: BaseException) -> None:
-        raise NotImplementedError
+    def fail(self, error: BaseException) -> None: ...
 
 
 class DirectLane:
@@ -106,7 +104,7 @@ class DirectLane:
         self.limiter = limiter
         self.max_bytes = min(INLINE_BYTES, max_body_bytes)
         self.timeout_s = timeout_s
-        self.template: str = getattr(lane.route, "path", lane.path)
+        self.template = route_template({"route": lane.route})  # the metrics' label
 
     def takes(self, scope: Scope) -> bool:
         """Whether the request whose head is ``scope`` is one to serve here."""
@@ -189,7 +187,7 @@ class Serving:
             ingest.refused(self.prepared, exc)
             self._fail(exc)
             return
-        except (Exception, CancelledError) as exc:
+        except Exception as exc:  # a cancelled future's error is one too
             self._fail(exc)
             return
         try:
@@ -263,7 +261,7 @@ class LaneProtocol(HttpToolsProtocol):
             super()._start_asgi_task(cycle, self.app)
 
 
-class CycleReply(Reply):
+class CycleReply:
     """Answers on a uvicorn request cycle: the answer written whole, or the error by
     uvicorn's own request task on the same cycle (its body still there to read)."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
@@ -40,13 +40,16 @@ from starlette.types import ASGIApp, HTTPExceptionHandler, Receive, Scope, Send
 from steptally.service.api.deadline import AnswerWatch
 from steptally.service.api.fragments import IngestLane
 
+if TYPE_CHECKING:  # direct.py builds on this module
+    from steptally.service.api.direct import DirectLane
+
 
 class App(FastAPI):
     """FastAPI with the ingest lane in front; :meth:`serve_lane` opens it."""
 
     lane: IngestLane | None = None
     #: the lane's common request served by the HTTP protocol (``service/api/direct.py``)
-    direct: Any = None
+    direct: DirectLane | None = None
     _lane_chain: ASGIApp | None = None
 
     def serve_lane(self, lane: IngestLane, layers: Sequence[Middleware]) -> None:

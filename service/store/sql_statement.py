@@ -151,7 +151,10 @@ def _fresh() -> str:
     status of a finalised step: whichever of the steps' two indexes a plan made once
     takes, a lookup is bounded (by run and step alone, or with the statuses as an
     array, a plan made on empty tables took the status index and read the run's every
-    step)."""
+    step). The steps' update reads the inserts' counts, so that they run before it and
+    its rows are locked last: PostgreSQL runs a data-modifying ``WITH`` that the
+    statement's result reads before the others, which held a step's row through every
+    insert and kept two groups of one step from writing side by side."""
     run = _param(STEPS.c.run_id)
 
     def found(table: Table) -> str:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
@@ -22,7 +22,14 @@ from steptally.service import serving
 from steptally.service.api.direct import DirectLane, LaneProtocol, direct_of
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from tests.integration.test_ingest_lane import JSON, REQUESTS, SETTINGS, _busy, _rows
+from tests.integration.test_ingest_lane import (
+    JSON,
+    REQUESTS,
+    SETTINGS,
+    _busy,
+    _requests_counted,
+    _rows,
+)
 from tests.support.served import free_port
 
 SPEC = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
@@ -68,32 +75,45 @@ class Server:
 @pytest.fixture
 def serve(db_url: str, empty_database: Callable[[str], None]) -> Iterator[Callable[..., Server]]:
     """``serve(direct, **settings)``: a fresh app over an emptied ``db_url``, served."""
-    with contextlib_exit() as stack:
+    with ExitStack() as stack:
 
         def make(direct: bool = True, **settings: Any) -> Server:
             empty_database(db_url)
             app = create_app(Settings(database_url=db_url, **settings), sweep=False)
-            return stack(Server(app, direct))
+            return stack.enter_context(Server(app, direct))
 
         yield make
 
 
 @contextmanager
-def contextlib_exit() -> Iterator[Callable[[Server], Server]]:
-    entered: list[Server] = []
+def _held(ingest: Any) -> Iterator[threading.Event]:
+    """``ingest.submit`` whose batches are stored as ever but whose outcomes reach the
+    waiter only once the gate is set (at the end of the block at the latest)."""
+    gate = threading.Event()
+    submit = ingest.submit
 
-    def enter(server: Server) -> Server:
-        entered.append(server.__enter__())
-        return server
+    def held(prepared: Any) -> Future[Any]:
+        out: Future[Any] = Future()
+        inner = submit(prepared)
+        threading.Thread(target=lambda: (gate.wait(10), _copy(inner, out)), daemon=True).start()
+        return out
 
+    ingest.submit = held
     try:
-        yield enter
+        yield gate
     finally:
-        for server in reversed(entered):
-            server.__exit__()
+        gate.set()
+        ingest.submit = submit
 
 
-def _answers(server: Server) -> list[tuple[int, dict[str, str], bytes]]:
+def _copy(inner: Future[Any], out: Future[Any]) -> None:
+    try:
+        out.set_result(inner.result(10))
+    except Exception as exc:
+        out.set_exception(exc)
+
+
+def _answers(server: Server) -> list[tuple[int, list[tuple[str, str]], bytes]]:
     out = []
     with httpx.Client(base_url=server.url) as client:
         assert client.post("/v1/runs", json=SPEC).status_code == 201
@@ -105,9 +125,9 @@ def _answers(server: Server) -> list[tuple[int, dict[str, str], bytes]]:
     return out
 
 
-def _headers(response: httpx.Response) -> dict[str, str]:
+def _headers(response: httpx.Response) -> list[tuple[str, str]]:
     """The answer's headers in order, but for the date (the clock's, not the answer's)."""
-    return {k: v for k, v in response.headers.multi_items() if k != "date"}
+    return [(k, v) for k, v in response.headers.multi_items() if k != "date"]
 
 
 def test_the_direct_lane_answers_every_request_as_the_asgi_lane_does(
@@ -131,12 +151,8 @@ def test_the_direct_lane_answers_every_request_as_the_asgi_lane_does(
 
 
 def _count(url: str, status: int) -> float:
-    route = 'route="/v1/runs/{run}/fragments"'
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name = "steptally_http_request_duration_seconds_count{"
-        if line.startswith(name) and route in line and f'status="{status}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    with httpx.Client(base_url=url) as client:
+        return _requests_counted(client, status)
 
 
 def test_requests_on_one_connection_are_answered_in_order(serve: Callable[..., Server]) -> None:
@@ -218,34 +234,15 @@ def test_a_batch_whose_client_left_is_stored(serve: Callable[..., Server]) -> No
     direct = direct_of(server.app)
     assert direct is not None
     assert httpx.post(f"{server.url}/v1/runs", json=SPEC).status_code == 201
-    gate = threading.Event()
-    ingest = direct.service.ingest
-    submit = ingest.submit
-
-    def held(prepared: Any) -> Future[Any]:
-        out: Future[Any] = Future()
-        inner = submit(prepared)
-        threading.Thread(target=lambda: (gate.wait(10), _copy(inner, out)), daemon=True).start()
-        return out
-
-    ingest.submit = held  # type: ignore[method-assign]
     body = _rows((0, 0, 0, {"a": 1.0}))
-    with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(_raw(body))
-        time.sleep(0.2)
-    time.sleep(0.1)
-    gate.set()
-    ingest.submit = submit  # type: ignore[method-assign]
+    with _held(direct.service.ingest):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(_raw(body))
+            time.sleep(0.2)
+        time.sleep(0.1)
     again = httpx.post(f"{server.url}/v1/runs/r/fragments", content=body, headers=JSON)
     assert again.json() == {"accepted": 0, "duplicates": 1, "commits": 0, "finalised": []}
     assert len(server.served) == 2
-
-
-def _copy(inner: Future[Any], out: Future[Any]) -> None:
-    try:
-        out.set_result(inner.result(10))
-    except Exception as exc:
-        out.set_exception(exc)
 
 
 def test_past_the_deadline_the_answer_is_503_and_the_batch_is_left_to_its_writer(
@@ -257,25 +254,14 @@ def test_past_the_deadline_the_answer_is_503_and_the_batch_is_left_to_its_writer
         app_direct = direct_of(server.app)
         service = server.app.state.service
         assert httpx.post(f"{server.url}/v1/runs", json=SPEC).status_code == 201
-        gate = threading.Event()
-        submit = service.ingest.submit
-
-        def held(prepared: Any, submit: Any = submit, gate: threading.Event = gate) -> Any:
-            out: Future[Any] = Future()
-            inner = submit(prepared)
-            threading.Thread(target=lambda: (gate.wait(10), _copy(inner, out)), daemon=True).start()
-            return out
-
-        service.ingest.submit = held
         body = _rows((0, 0, 0, {"a": 1.0}))
-        late = httpx.post(f"{server.url}/v1/runs/r/fragments", content=body, headers=JSON)
-        answers.append((late.status_code, _headers(late), late.content))
-        assert late.status_code == 503 and late.headers["retry-after"] == "5"
-        assert late.json()["error"]["code"] == "unavailable"
-        assert _count(server.url, 503) == 1
-        assert (len(server.served) == 1) is direct and (app_direct is not None)
-        gate.set()
-        service.ingest.submit = submit
+        with _held(service.ingest):
+            late = httpx.post(f"{server.url}/v1/runs/r/fragments", content=body, headers=JSON)
+            answers.append((late.status_code, _headers(late), late.content))
+            assert late.status_code == 503 and late.headers["retry-after"] == "5"
+            assert late.json()["error"]["code"] == "unavailable"
+            assert _count(server.url, 503) == 1
+            assert (len(server.served) == 1) is direct and (app_direct is not None)
         deadline = time.monotonic() + 10  # the writer stores it: the same body is a duplicate
         while True:
             again = httpx.post(f"{server.url}/v1/runs/r/fragments", content=body, headers=JSON)
@@ -355,17 +341,10 @@ def test_a_request_in_flight_at_shutdown_is_answered_then_the_connection_closed(
     server = serve()
     service = server.app.state.service
     assert httpx.post(f"{server.url}/v1/runs", json=SPEC).status_code == 201
-    gate = threading.Event()
-    submit = service.ingest.submit
-
-    def held(prepared: Any) -> Future[Any]:
-        out: Future[Any] = Future()
-        inner = submit(prepared)
-        threading.Thread(target=lambda: (gate.wait(10), _copy(inner, out)), daemon=True).start()
-        return out
-
-    service.ingest.submit = held
-    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+    with (
+        _held(service.ingest) as gate,
+        socket.create_connection(("127.0.0.1", server.port)) as sock,
+    ):
         sock.sendall(_raw(_rows((0, 0, 0, {"a": 1.0}))))
         time.sleep(0.2)
         server.server.should_exit = True

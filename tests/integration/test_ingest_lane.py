@@ -8,6 +8,7 @@ import gzip
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from fastapi import FastAPI
@@ -193,7 +194,7 @@ def test_the_lanes_answer_is_the_documented_json(api: Any, query: str) -> None:
     assert response.json() == expected
 
 
-def _requests_counted(client: TestClient, status: int) -> float:
+def _requests_counted(client: httpx.Client, status: int) -> float:
     route = 'route="/v1/runs/{run}/fragments"'
     for line in client.get("/metrics").text.splitlines():
         name = "steptally_http_request_duration_seconds_count{"
