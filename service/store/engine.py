@@ -49,6 +49,9 @@ def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
     connect_args = {
         "connect_timeout": max(1, round(limits.connect_timeout_s)),
         "options": f"-c statement_timeout={statement_ms}",
+        # the ingest path prepares its own statements (pg_pipeline); psycopg's preparing
+        # would deallocate them all at the first rollback after it prepared one of its own
+        "prepare_threshold": None,
     }
     return create_engine(
         url,

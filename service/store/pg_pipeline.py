@@ -13,9 +13,18 @@ open, for a finalisation's reads and writes) through the connection's libpq obje
 pipeline mode, with one Sync and one flush, waits for the results
 with the GIL let go (``select``), and reads each statement's rows through psycopg's
 own adaptation (:class:`psycopg.adapt.Transformer`): the parameters are dumped and
-the rows loaded exactly as psycopg's ``execute`` would. Any error rolls the
-transaction back and comes up as psycopg raises it (``psycopg.errors``); a lost
-connection comes up as its ``OperationalError``, and the caller drops the connection.
+the rows loaded exactly as psycopg's ``execute`` would. An error comes up as psycopg
+raises it (``psycopg.errors``), the transaction rolled back if :func:`run` began it and
+left failed for its owner if it joined one (a group's batch rolls back to its own
+savepoint); a lost connection comes up as its ``OperationalError``, and the caller
+drops the connection.
+
+The statements stay prepared on their connection for as long as it lives, so nothing
+else may deallocate them: psycopg's own preparing is off on the store's connections
+(``prepare_threshold=None``, :func:`~.engine.make_engine`), as it sends ``DEALLOCATE
+ALL`` after any ``ROLLBACK`` (a savepoint's included) once it has prepared a
+statement of its own. Should a name be gone all the same, the failing run forgets the
+connection's names and the next one prepares them again.
 The statements use psycopg's named placeholders (``%(name)s``, ``%(name)b``), converted
 once (:class:`Query`).
 """
@@ -40,6 +49,7 @@ _FORMATS = {"s": PyFormat.AUTO, "b": PyFormat.BINARY}
 _STARTED = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 _DONE = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _Key = tuple[bytes, tuple[int, ...]]
+_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name: a prepared name is gone
 
 
 @dataclass(frozen=True)
@@ -141,11 +151,13 @@ def run(
         read = True
         pgconn.exit_pipeline_mode()
     except BaseException:
-        _recover(driver, synced, read)
+        _recover(driver, synced, read, joined)
         raise
     error = next((r for r in results if r.status not in _DONE), None)
     if error is not None:
-        _recover(driver, True, True)
+        _recover(driver, True, True, joined)
+        if error.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
+            _PREPARED.pop(driver, None)  # deallocated behind our back: prepare anew
         raise psycopg.errors.error_from_result(error, encoding=tx.encoding)
     prepared.update(new)
     rows = []
@@ -188,10 +200,13 @@ def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
         out.append(result)
 
 
-def _recover(driver: psycopg.Connection[Any], synced: bool, read: bool) -> None:
+def _recover(driver: psycopg.Connection[Any], synced: bool, read: bool, joined: bool) -> None:
     """After an error: read the pipeline through its Sync (sent here if it was not),
-    leave pipeline mode and roll the transaction back, if the connection is still
-    there (else its error is on its way up)."""
+    leave pipeline mode and roll back the transaction :func:`run` began, if the
+    connection is still there (else its error is on its way up). A transaction it
+    joined is left failed, for its owner to roll back, to a savepoint of its own or
+    whole: rolling it back here would undo what a group's earlier batches stored
+    (acknowledged once the group commits), and the owner's savepoint with it."""
     pgconn = driver.pgconn
     if pgconn.status != pq.ConnStatus.OK:
         return
@@ -203,7 +218,7 @@ def _recover(driver: psycopg.Connection[Any], synced: bool, read: bool) -> None:
                 _flush(pgconn)
                 _results(pgconn)
             pgconn.exit_pipeline_mode()
-        if pgconn.transaction_status in _STARTED:
+        if not joined and pgconn.transaction_status in _STARTED:
             driver.rollback()
     except psycopg.Error:  # the connection broke on the way: the caller drops it
         return

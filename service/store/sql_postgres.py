@@ -39,7 +39,6 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
 
@@ -65,7 +64,6 @@ from steptally.service.store.sql_step import (
     fragment_rows,
     new_row,
     pending_values,
-    state_of,
     state_of_tuple,
     write_breaches,
 )
@@ -125,32 +123,37 @@ class PostgresDialect:
         savepoint: str | None,
     ) -> Probe:
         """Lock the batch's pairs, then read its steps and, in one statement, its pairs'
-        commits, partial rows and fragment keys: one round trip. With ``savepoint``, the
-        pipeline opens that savepoint first."""
+        commits, partial rows and fragment keys: one round trip (:func:`.pg_pipeline.run`,
+        the transaction left open). With ``savepoint``, the pipeline opens that savepoint
+        first. The steps' read is planned for its arrays each time, never prepared: a
+        plan made once, for any steps, may read the run's steps through another index of
+        theirs."""
         driver = conn.connection.driver_connection
         assert driver is not None
         pairs = batch.pairs()
-        pair_params = pairs_params(run.id, pairs)
-        read, found = driver.cursor(row_factory=namedtuple_row), driver.cursor()
-        with driver.pipeline():
-            if savepoint is not None:
-                driver.execute(f"SAVEPOINT {savepoint}")
-            driver.execute(PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-            # planned for its arrays each time (never prepared: a plan made once, for any
-            # steps, may read the run's steps through another index of theirs)
-            read.execute(PIPELINE.steps_of, {"run": run.id, "steps": batch.steps()}, prepare=False)
-            found.execute(PIPELINE.pairs_of, pair_params)
+        statements: list[tuple[str, Mapping[str, Any]]] = [
+            (PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)}),
+            (PIPELINE.steps_of, {"run": run.id, "steps": int8s(sorted(batch.steps()))}),
+            (PIPELINE.pairs_of, pairs_params(run.id, pairs)),
+        ]
+        plan_each = {PIPELINE.steps_of}
+        if savepoint is not None:
+            statements.insert(0, (f"SAVEPOINT {savepoint}", {}))
+            plan_each.add(statements[0][0])
+        *_, step_rows, found = pg_pipeline.run(
+            driver, statements, commit=False, binary=True, plan_each=plan_each
+        )
         stored: set[tuple[int, int, int]] = set()
         commits: dict[CommitKey, int] = {}
         parts: dict[CommitKey, tuple[int, bytes]] = {}
-        for s, r, declared, n, state, keys, bundles in found.fetchall():
+        for s, r, declared, n, state, keys, bundles in found:
             if declared is not None:
                 commits[(s, r)] = declared
             if state is not None:
                 parts[(s, r)] = (n, bytes(state))
             for key, seqs in zip(keys or (), bundles or (), strict=True):
                 stored.update((s, r, q) for q, _ in unbundled(key, b"", None, None, seqs))
-        steps = {r.step: state_of(r) for r in read.fetchall()}
+        steps = {r[1]: state_of_tuple(r) for r in step_rows}
         return probe_from(run, batch, now, steps, stored, commits, parts)
 
     def apply(

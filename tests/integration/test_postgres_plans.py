@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
+from steptally.service.store import pg_pipeline
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import FINALISED
@@ -238,16 +239,17 @@ def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_rea
     with TestClient(app) as client:
         spec = {"name": "prep", "world_size": 2, "metrics": dict.fromkeys(names, "sum")}
         assert client.post("/v1/runs", json=spec).status_code == 201
-        for step in range(8):  # one group at a time: psycopg prepares from the 5th run
-            for rank in range(2):
-                body = {
-                    "fragments": [
-                        {"step": step, "rank": rank, "seq": 0, "values": {"loss": 1.0, "kl": 2.0}}
-                    ],
-                    "commits": [{"step": step, "rank": rank, "fragments": 1}],
-                }
-                answer = client.post("/v1/runs/prep/fragments", json=body)
-                assert answer.status_code == 200, answer.text
+        for again in (False, True):  # sent again: duplicates, probed before they are written
+            for step in range(8):  # one group at a time
+                for rank in range(2):
+                    values = {"loss": 1.0, "kl": 2.0}
+                    body = {
+                        "fragments": [{"step": step, "rank": rank, "seq": 0, "values": values}],
+                        "commits": [{"step": step, "rank": rank, "fragments": 1}],
+                    }
+                    answer = client.post("/v1/runs/prep/fragments", json=body)
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["duplicates"] == int(again)
         store = app.state.store
         held = list(store._held)  # the writers' own connections
         assert held
@@ -256,9 +258,17 @@ def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_rea
             driver = conn.connection.driver_connection
             texts = driver.execute("SELECT statement FROM pg_prepared_statements").fetchall()
             prepared.update(t for (t,) in texts)
-    assert any("pg_advisory_xact_lock" in t for t in prepared), prepared
-    assert any(t.startswith("WITH ok AS (") for t in prepared), prepared  # the fresh write
+
+    def text(sql: str) -> str:
+        return pg_pipeline.query(sql).text.decode()
+
+    for sql in (PIPELINE.lock_pairs, PIPELINE.fresh, PIPELINE.pairs_of, PIPELINE.apply):
+        assert text(sql) in prepared, sql
     assert not [t for t in prepared if "step = ANY(" in t], prepared  # the steps read
+    # psycopg prepares nothing of its own there: its DEALLOCATE ALL after a rollback
+    # would take the writer's statements with it (tests/integration/test_group_errors.py)
+    ours = {text(s) for s in vars(PIPELINE).values() if isinstance(s, str)}
+    assert prepared <= ours, prepared - ours
 
 
 def test_other_connections_keep_the_planner_as_it_is(postgres_url: str) -> None:

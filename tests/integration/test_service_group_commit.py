@@ -64,10 +64,16 @@ def _queued(app: Any) -> int:
 
 
 def _run_gated(
-    app: Any, gate: CommitGate, first: Callable[[], Any], rest: list[Callable[[], Any]]
+    app: Any,
+    gate: CommitGate,
+    first: Callable[[], Any],
+    rest: list[Callable[[], Any]],
+    ordered: bool = False,
 ) -> tuple[Any, list[Any]]:
     """Run ``first`` until its transaction's COMMIT, then ``rest`` concurrently; open
-    the gate once they have all queued. The answers of ``first`` and of ``rest``."""
+    the gate once they have all queued. The answers of ``first`` and of ``rest``.
+    ``ordered``: each of ``rest`` starts once the one before it has queued, so that
+    the group takes them in that order."""
     answers: list[Any] = [None] * len(rest)
     first_answer: list[Any] = []
     gate.arm()
@@ -79,10 +85,12 @@ def _run_gated(
         answers[i] = rest[i]()
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(rest))]
-    for t in threads:
-        t.start()
     deadline = time.monotonic() + 5  # without grouping they never queue: the count fails
     try:
+        for i, t in enumerate(threads):
+            t.start()
+            while ordered and _queued(app) < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
         while _queued(app) < len(rest) and time.monotonic() < deadline:
             time.sleep(0.005)
     finally:
