@@ -56,8 +56,8 @@ from steptally.service.store import sql_series
 from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_statement import SQLITE, RowsInsert, Statements, core
 from steptally.service.store.sql_step import (
+    Locked,
     PartialRow,
-    PartsReader,
     StepParts,
     fragment_rows,
     lock_steps_of,
@@ -152,12 +152,10 @@ class Dialect(Protocol):
         fragments)``: what its finalisation merges."""
         ...
 
-    def lock_steps(
-        self, conn: Connection, run_id: int, steps: Sequence[int]
-    ) -> tuple[list[StepState], PartsReader]:
-        """The rows of ``steps`` that exist, locked in step order, and what reads a
-        step's parts from then on (:meth:`read_parts`, or the same read made with the
-        lock)."""
+    def lock_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> Locked:
+        """The rows of ``steps`` that exist, locked in step order, what reads a step's
+        parts from then on (:meth:`read_parts`, or the same read made with the lock) and
+        the run's key, where it comes with them."""
         ...
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
@@ -336,10 +334,8 @@ class SqliteDialect:
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         return read_parts(conn, run_id, step)
 
-    def lock_steps(
-        self, conn: Connection, run_id: int, steps: Sequence[int]
-    ) -> tuple[list[StepState], PartsReader]:
-        return lock_steps_of(conn, self.for_update, run_id, steps), self.read_parts
+    def lock_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> Locked:
+        return Locked(lock_steps_of(conn, self.for_update, run_id, steps), self.read_parts, None)
 
     def lock_group(self, conn: Connection, batches: Sequence[GroupItem]) -> None:
         pass  # the group's transaction holds the whole database already

@@ -50,7 +50,7 @@ from steptally.service.store.sql_ingest import Stored
 from steptally.service.store.sql_run import KnownRuns, load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
-from steptally.service.store.sql_step import finalise_row, lock_step
+from steptally.service.store.sql_step import RunKey, finalise_row, lock_step
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,12 @@ class SqlStore:
             self._held.add(self._local.conn)
         yield
 
-    def _reloader(self, conn: Connection, run: RunRecord) -> Callable[[], RunRecord]:
-        """What reads ``run`` as it stands now, when a step of it is finalised."""
+    def _reloader(self, conn: Connection, run: RunRecord) -> sql_ingest.KeyedReload:
+        """What reads ``run`` as it stands now, when a step of it is finalised (its key:
+        what of it can change, where the step's lock brought it along)."""
 
-        def reload() -> RunRecord:
-            return self._runs.current(conn, run.id) or run
+        def reload(key: RunKey | None = None) -> RunRecord:
+            return self._runs.current(conn, run.id, key) or run
 
         return reload
 

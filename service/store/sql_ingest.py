@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import Connection
 
@@ -43,10 +44,16 @@ from steptally.service.errors import ServiceError
 from steptally.service.store.dialect import Dialect
 from steptally.service.store.protocol import FinalisedStep, IngestOutcome
 from steptally.service.store.sql_statement import Statements, keys_params
-from steptally.service.store.sql_step import PartialRow, PartsReader, finalise_row
+from steptally.service.store.sql_step import PartialRow, PartsReader, RunKey, finalise_row
 
 SAVEPOINT = "steptally_batch"
 Reload = Callable[[], RunRecord]
+
+
+class KeyedReload(Protocol):
+    """The run as it stands, given what of it can change where that was read already."""
+
+    def __call__(self, key: RunKey | None = None) -> RunRecord: ...
 
 
 @dataclass(slots=True)
@@ -279,7 +286,7 @@ def finalise_due(
     conn: Connection,
     dialect: Dialect,
     run: RunRecord,
-    reload: Reload,
+    reload: KeyedReload,
     steps: Sequence[int],
     now: float,
     last: bool = False,
@@ -287,10 +294,10 @@ def finalise_due(
     """Lock ``steps`` (which a committed batch changed) and finalise those that are
     due as they stand now: each once, whoever else finalised them meanwhile.
     ``last``: the transaction ends with it (its writes may commit it)."""
-    rows, read = dialect.lock_steps(conn, run.id, sorted(steps))
+    rows, read, key = dialect.lock_steps(conn, run.id, sorted(steps))
     for row in rows:
         row.changed = True  # the batch changed it; a step finalised since is passed over
-    return _finalise(conn, dialect, run, reload, rows, now, read, last)
+    return _finalise(conn, dialect, run, lambda: reload(key), rows, now, read, last)
 
 
 def _once(read: Reload) -> Reload:

@@ -58,8 +58,8 @@ from steptally.service.store.sql_statement import (
     pairs_params,
 )
 from steptally.service.store.sql_step import (
+    Locked,
     PartialRow,
-    PartsReader,
     StepParts,
     fragment_rows,
     new_row,
@@ -267,15 +267,13 @@ class PostgresDialect:
         parts, commits = pg_pipeline.run(driver, reads, commit=False, binary=True)
         return parts, commits
 
-    def lock_steps(
-        self, conn: Connection, run_id: int, steps: Sequence[int]
-    ) -> tuple[list[StepState], PartsReader]:
+    def lock_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> Locked:
         """Lock the rows of ``steps`` and read each one's parts (:meth:`read_parts`'s
-        statements) in the same round trip, after the lock: each read has its own
-        snapshot, taken once the rows are locked, as when it came in a round trip of
-        its own. A finalisation then takes one round trip less. The rows' read is
-        planned for its steps each time, never prepared (``tests/integration/
-        test_postgres_plans.py``)."""
+        statements) and the run's key (:class:`~.sql_run.KnownRuns`) in the same round
+        trip, after the lock: each read has its own snapshot, taken once the rows are
+        locked, as when it came in a round trip of its own. A finalisation then takes
+        two round trips less. The rows' read is planned for its steps each time, never
+        prepared (``tests/integration/test_postgres_plans.py``)."""
         driver = conn.connection.driver_connection
         assert driver is not None
         ordered = sorted(steps)
@@ -285,7 +283,8 @@ class PostgresDialect:
         for step in ordered:
             params = {"run": run_id, "step": step}
             statements += [(PIPELINE.partials_of_step, params), (PIPELINE.commits_of_step, params)]
-        locked, *reads = pg_pipeline.run(
+        statements.append((PIPELINE.run_key, {"run": run_id}))
+        locked, *reads, key = pg_pipeline.run(
             driver, statements, commit=False, binary=True, plan_each={PIPELINE.locked_steps_of}
         )
         parts = {s: (reads[2 * i], reads[2 * i + 1]) for i, s in enumerate(ordered)}
@@ -295,7 +294,7 @@ class PostgresDialect:
                 return parts.pop(step)
             return self.read_parts(conn, run_id_, step)
 
-        return [state_of_tuple(r) for r in locked], read
+        return Locked([state_of_tuple(r) for r in locked], read, key[0] if key else None)
 
     def lock_group(
         self, conn: Connection, batches: Sequence[tuple[RunRecord, PreparedBatch, float]]

@@ -60,11 +60,16 @@ class KnownRuns:
         self._known: dict[int, tuple[tuple[Any, ...], RunRecord]] = {}
         self._lock = threading.Lock()
 
-    def current(self, conn: Connection, run_id: int) -> RunRecord | None:
-        row = conn.execute(_CURRENT, {"run": run_id}).first()
-        if row is None:
-            return None
-        key = tuple(row)
+    def current(
+        self, conn: Connection, run_id: int, key: tuple[Any, ...] | None = None
+    ) -> RunRecord | None:
+        """The run as it stands; ``key``: what of it can change, read already (in the
+        same transaction: a dialect's ``lock_steps`` may bring it)."""
+        if key is None:
+            row = conn.execute(_CURRENT, {"run": run_id}).first()
+            if row is None:
+                return None
+            key = tuple(row)
         with self._lock:
             known = self._known.get(run_id)
         if known is not None and known[0] == key:

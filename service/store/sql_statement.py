@@ -23,7 +23,16 @@ from typing import Any
 from sqlalchemy import Column, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql
 
-from steptally.service.store.models import Breach, Commit, Fragment, Partial, Step, StepValue
+from steptally.service.store.models import (
+    Breach,
+    Commit,
+    Fragment,
+    Metric,
+    Partial,
+    Run,
+    Step,
+    StepValue,
+)  # fmt: skip
 
 STEPS: Table = Step.__table__  # type: ignore[assignment]
 COMMITS: Table = Commit.__table__  # type: ignore[assignment]
@@ -31,6 +40,8 @@ FRAGMENTS: Table = Fragment.__table__  # type: ignore[assignment]
 STEP_VALUES: Table = StepValue.__table__  # type: ignore[assignment]
 PARTIALS: Table = Partial.__table__  # type: ignore[assignment]
 BREACHES: Table = Breach.__table__  # type: ignore[assignment]
+RUNS: Table = Run.__table__  # type: ignore[assignment]
+METRICS: Table = Metric.__table__  # type: ignore[assignment]
 STEP_FIELDS = (
     "status", "revision", "committed_ranks", "expected", "received", "missing_ranks",
     "finalised_at", "result",
@@ -285,6 +296,7 @@ class PipelineText:
     update_step: str  # %(run_id)s, %(step)s and a value per column of STEP_FIELDS
     partials_of_step: str  # %(run)s, %(step)s: (rank, fragments, state) of its partial rows
     commits_of_step: str  # %(run)s, %(step)s: (rank, fragments) of its commits
+    run_key: str  # %(run)s: what of the run can change (sql_run's KnownRuns compares it)
     copy_fragments: str  # COPY of fragments rows, every column, binary
     copy_types: tuple[str, ...]  # their types, for the binary COPY
 
@@ -323,6 +335,11 @@ PIPELINE = PipelineText(
     ),
     partials_of_step=_of_step(PARTIALS, "rank", "fragments", "state"),
     commits_of_step=_of_step(COMMITS, "rank", "fragments"),
+    run_key=(
+        f"SELECT spec, world_size, step_timeout_s, (SELECT count(*) FROM {METRICS.name} "
+        f"WHERE run_id = {_param(METRICS.c.run_id, 'run')}) FROM {RUNS.name} "
+        f"WHERE id = {_param(RUNS.c.id, 'run')}"
+    ),
     copy_fragments=(
         f"COPY {FRAGMENTS.name} ({_names(list(FRAGMENTS.c))}) FROM STDIN (FORMAT BINARY)"
     ),

@@ -23,7 +23,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Connection, Select, bindparam, select, union_all
@@ -119,6 +119,18 @@ _PARTIALS_OF_STEP = select(PARTIALS.c.rank, PARTIALS.c.fragments, PARTIALS.c.sta
 StepParts = tuple[list[tuple[int, int, bytes]], list[tuple[int, int]]]
 #: reads :data:`StepParts` of ``(run_id, step)``: the dialect's ``read_parts``
 PartsReader = Callable[[Connection, int, int], StepParts]
+#: what of a run can change, as :class:`~.sql_run.KnownRuns` compares it
+RunKey = tuple[Any, ...]
+
+
+class Locked(NamedTuple):
+    """What a dialect's ``lock_steps`` gives: the rows of the steps that exist, locked in
+    step order; what reads a step's parts from then on; and, where the dialect read it
+    in the same round trip, the run's :data:`RunKey` (else None: read it when needed)."""
+
+    rows: list[StepState]
+    read: PartsReader
+    run_key: RunKey | None
 
 
 def read_parts(conn: Connection, run_id: int, step: int) -> StepParts:

@@ -24,7 +24,7 @@ from psycopg import pq
 
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.step import StepState
-from steptally.service.store import pg_pipeline
+from steptally.service.store import pg_pipeline, sql_run
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_step import read_parts
@@ -323,8 +323,9 @@ def test_a_pipeline_can_leave_its_transaction_open(conn: psycopg.Connection, url
 def test_a_finalisation_locks_its_steps_and_reads_their_parts_in_one_round_trip(
     run_conn: tuple[sa.Connection, psycopg.Connection], tmp_path: Path, postgres_url: str
 ) -> None:
-    """The steps' rows come locked, in step order, and each step's parts as
-    ``read_parts`` reads them; a step not asked for is read as before."""
+    """The steps' rows come locked, in step order, each step's parts as ``read_parts``
+    reads them and the run's key as ``KnownRuns`` reads it; a step not asked for is
+    read as before."""
     conn, driver = run_conn
     for step in (3, 4, 5):
         _open_step(driver, step, 2, 16, 16, 62, 0.5, 60.25)
@@ -337,9 +338,11 @@ def test_a_finalisation_locks_its_steps_and_reads_their_parts_in_one_round_trip(
     dialect = PostgresDialect()
     trace = tmp_path / "trace"
     with _traced(driver, trace):
-        rows, read = dialect.lock_steps(conn, 1, [5, 3, 9])
+        rows, read, key = dialect.lock_steps(conn, 1, [5, 3, 9])
         parts = {s: read(conn, 1, s) for s in (3, 5)}
     assert _syncs(trace) == 1
+    assert key == tuple(conn.execute(sql_run._CURRENT, {"run": 1}).one())
+    assert key == ("{}", 64, 60.0, 0)  # the spec, world size, step timeout, metrics
     assert [(r.step, r.received, r.missing_ranks, r.deadline) for r in rows] == [
         (3, 16, 62, 60.25),
         (5, 16, 62, 60.25),
@@ -369,7 +372,7 @@ def test_a_finalisation_after_its_groups_commit_ends_with_its_writes(
     postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch that completes a step: its group's round trip, then the finalisation's
-    — the rows locked and the parts read, the run's spec looked at, then the writes
+    — the rows locked, the parts read and the run's spec looked at, then the writes
     with the ``COMMIT`` — and no round trip more for the commit; what it wrote is
     committed."""
     from fastapi.testclient import TestClient
@@ -409,11 +412,11 @@ def test_a_finalisation_after_its_groups_commit_ends_with_its_writes(
         assert answer["finalised"] == [{"step": 1, "status": "complete", "revision": 1}]
         [driver] = traced
         driver.pgconn.untrace()  # the writer waits for the next group: its trace is whole
-        # the group; the rows locked and the parts read; the run's spec looked at (one
-        # small read: unchanged); the writes with the commit, and nothing after them
+        # the group; the rows locked, the parts read and the run's spec looked at
+        # (unchanged); the writes with the commit, and nothing after them
         sent = re.findall(r"^F\t\d+\t(\w+)\t? ?(.*)$", trace.read_text(), re.MULTILINE)
         # a round trip: a pipeline's Sync, or a simple query (psycopg's own COMMIT)
-        assert sum(kind in ("Sync", "Query") for kind, _ in sent) == 4
+        assert sum(kind in ("Sync", "Query") for kind, _ in sent) == 3
         commits = [i for i, (_, text) in enumerate(sent) if '"COMMIT"' in text]
         assert len(commits) == 2  # the group's, and the finalisation's with its writes
         assert sent[commits[-1] - 3][1].startswith('"" "steptally_')  # after a write
