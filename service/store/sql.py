@@ -33,6 +33,7 @@ from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.progress import StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.domain.step import StepState, is_due
+from steptally.service.errors import ServiceError
 from steptally.service.store import sql_ingest, sql_query
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction, writing
@@ -122,7 +123,9 @@ class SqlStore:
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
         """A write transaction: on a writer thread, on its own connection (kept from one
-        group to the next, dropped after an error); elsewhere, one from the pool."""
+        group to the next, dropped after an error but the store's own refusals: a batch
+        the rules refuse, a group that goes one batch at a time, rolled back on a
+        connection as good as before); elsewhere, one from the pool."""
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             with self._writers, transaction(self.engine, write=True) as conn:
@@ -131,12 +134,20 @@ class SqlStore:
         try:
             with self._writers, conn.begin():
                 yield conn
-        except BaseException:
-            self._local.conn = None
-            self._held.discard(conn)
-            conn.invalidate()
-            conn.close()
+        except (ServiceError, sql_ingest.NotMerged):
+            if conn.invalidated or conn.in_transaction():  # not as good as before: drop it
+                self._drop(conn)
             raise
+        except BaseException:
+            self._drop(conn)
+            raise
+
+    def _drop(self, conn: Connection) -> None:
+        """Let a writer's connection go; the thread's next group opens another."""
+        self._local.conn = None
+        self._held.discard(conn)
+        conn.invalidate()
+        conn.close()
 
     @contextlib.contextmanager
     def _writer_connection(self) -> Iterator[None]:

@@ -143,3 +143,31 @@ def _fail_inside_a_group(app: Any, api: Api, db_url: str) -> None:
     assert again.status_code == 200, again.text
     assert again.json()["finalised"] == [{"step": 0, "status": "complete", "revision": 1}]
     assert api.value(0, "a", run="q") == 4.0
+
+
+def test_a_refused_batch_leaves_the_writer_its_connection(make_client: Any, api_of: Any) -> None:
+    """A batch the rules refuse, alone or in a group that then goes one batch at a time,
+    is rolled back on a connection as good as before: the writer keeps it (a new one
+    would connect and prepare its statements again for every refusal)."""
+    app, client = make_client(ingest_group_max_batches=64, ingest_writers=1)
+    api = api_of(client)
+    for run in ("r", "q"):
+        assert api.register(name=run).status_code == 201
+    assert _send(api, "r", 0, 0, 1.0)().status_code == 200
+    store = app.state.store
+    [held] = store._held  # the writer's own connection
+    conflict = _send(api, "r", 0, 0, 2.0)  # (0, 0, 0) again, another value
+    assert conflict().status_code == 409  # alone
+    gate = CommitGate(app)
+    try:
+        _, answers = _run_gated(
+            app, gate, _send(api, "r", 1, 0, 1.0), [conflict, _send(api, "r", 2, 0, 3.0)]
+        )
+    finally:
+        gate.release()
+        gate.close()
+    assert [a.status_code for a in answers] == [409, 200]  # one group of one run, then one by one
+    assert store._held == {held} and not held.invalidated
+    assert _send(api, "q", 0, 0, 4.0)().status_code == 200
+    assert store._held == {held}
+    assert (api.value(0, "a", run="r"), api.value(2, "a", run="r")) == (1.0, 3.0)
