@@ -265,6 +265,38 @@ def test_a_failed_statement_rolls_the_pipeline_back(conn: psycopg.Connection, ur
     assert _stored(url) == [6, 7]
 
 
+def test_a_failed_pipeline_in_a_joined_transaction_leaves_it_to_its_owner(
+    conn: psycopg.Connection, url: str
+) -> None:
+    """What the owner stored before stays: the transaction is left failed, not rolled
+    back, and the owner's rollback to its savepoint keeps the rest, which it commits."""
+    conn.execute("INSERT INTO round_trip_t VALUES (1)")  # a group's earlier batch
+    conn.execute("SAVEPOINT batch")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 2, "x": 0.0}), (_INSERT, {"k": 1, "x": 0.0})])
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.INERROR
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    conn.execute("ROLLBACK TO SAVEPOINT batch")
+    pg_pipeline.run(conn, [(_INSERT, {"k": 3, "x": 0.0})])  # commits what came before
+    assert _stored(url) == [1, 3]
+
+
+def test_a_statement_deallocated_behind_its_back_is_prepared_again(
+    conn: psycopg.Connection, url: str
+) -> None:
+    """A name gone (``DEALLOCATE ALL`` from elsewhere on the connection) fails the
+    pipeline that used it, once: the next one prepares its statements anew."""
+    pg_pipeline.run(conn, [(_INSERT, {"k": 1, "x": 0.0})])
+    conn.execute("DEALLOCATE ALL")
+    conn.commit()
+    with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+        pg_pipeline.run(conn, [(_INSERT, {"k": 2, "x": 0.0})])
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    [[row]] = pg_pipeline.run(conn, [(_INSERT, {"k": 2, "x": 0.5})])
+    assert row == (2, 0.5)
+    assert _stored(url) == [1, 2]
+
+
 def test_a_pipeline_on_a_lost_connection_raises_its_error(
     conn: psycopg.Connection, url: str
 ) -> None:
