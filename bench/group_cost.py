@@ -159,9 +159,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    sizes = [r["size"] for r in rows]
-    for key, label in (("writer_ms", "writer CPU"), ("db_ms", "database CPU"), ("wall_ms", "wall")):
-        ys = [r[key] for r in rows]
+    sizes = [int(r["size"]) for r in rows]
+    sqlite = rows[0]["db"] == "sqlite"  # its database work runs in the writer's thread
+    series = [("writer_ms", "writer CPU" + (" (SQLite's work in it)" if sqlite else ""))]
+    series += [] if sqlite else [("db_ms", "database CPU")]
+    for key, label in [*series, ("wall_ms", "wall")]:
+        ys = [float(r[key]) for r in rows]
         fixed, per = fit(sizes, ys)
         ax.plot(sizes, ys, "o-", label=f"{label}: {fixed:.2f} ms + {1e3 * per:.0f} µs a body")
     ax.set_xscale("log", base=2)
