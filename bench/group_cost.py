@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
@@ -39,39 +38,11 @@ from steptally.service.settings import Settings
 from steptally.service.store.group_commit import Pending, batch_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
-import procstat
 from ingest import bodies, database, spec  # the ingest benchmark's
+from scale import Backends  # the CPU of a database's backends, as scale.py reads it
 
 MICROBATCHES = 8
 METRICS = 32
-
-
-class Backends:
-    """CPU seconds of the database's backends (PostgreSQL; none for SQLite)."""
-
-    def __init__(self, url: str) -> None:
-        self._engine = sa.create_engine(url) if url.startswith("postgresql") else None
-        self._pids: list[int] = []
-
-    def refresh(self) -> None:
-        if self._engine is None:
-            return
-        with self._engine.connect() as c:
-            self._pids = list(
-                c.execute(
-                    sa.text(
-                        "SELECT pid FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
-                ).scalars()
-            )
-
-    def cpu_s(self) -> float:
-        return sum(procstat.cpu_s(p) for p in self._pids)
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
 
 
 def fit(sizes: list[int], means: list[float]) -> tuple[float, float]:
@@ -116,7 +87,6 @@ def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
         t0 = time.monotonic()
         for step in range(steps):
             prepared = [ingest.prepare("bench", b) for b in bodies(shape, names, [step])]
-            backends.refresh()
             i = k = 0
             while i < len(prepared):
                 size = args.sizes[k % len(args.sizes)]
@@ -126,10 +96,10 @@ def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
                     for p in prepared[i : i + size]
                 ]
                 i += size
-                db0, cpu0, wall0 = backends.cpu_s(), time.thread_time(), time.perf_counter()
+                db0, cpu0, wall0 = backends.cpu(), time.thread_time(), time.perf_counter()
                 store._ingest_group(items)
                 wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
-                db = backends.cpu_s() - db0
+                db = sum(c - db0.get(pid, 0.0) for pid, c in backends.cpu().items())
                 if any(p.error is not None for p in items):
                     raise RuntimeError(f"a batch failed: {[p.error for p in items]}")
                 if step >= 2 and len(items) == size:

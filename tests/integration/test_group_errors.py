@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from tests.integration.test_service_group_commit import CommitGate, _run_gated
+from tests.integration.test_service_group_commit import _run_gated, commit_gate
 
 Api = Any  # the `api` fixture of conftest.py
 
@@ -37,8 +37,7 @@ def test_a_conflict_in_a_group_of_two_runs_fails_alone_and_the_writer_goes_on(
     api = api_of(client)
     for run in ("r", "q"):
         assert api.register(name=run).status_code == 201
-    gate = CommitGate(app)
-    try:
+    with commit_gate(app) as gate:
         # groups of two runs, one savepoint a batch, enough for a driver that prepares
         # a statement on its fifth run to have prepared its own
         for step in range(6):
@@ -58,26 +57,19 @@ def test_a_conflict_in_a_group_of_two_runs_fails_alone_and_the_writer_goes_on(
             [_send(api, "r", 0, 0, 99.0), _send(api, "q", 10, 0, 7.5)],
         )
         assert gate.commits == 2
-    finally:
-        gate.release()
-        gate.close()
     assert head.status_code == 200
     assert conflict.status_code == 409, conflict.text
     assert conflict.json()["error"]["code"] == "fragment_conflict"
     assert good.status_code == 200, good.text
     assert good.json() == {"accepted": 1, "duplicates": 0, "commits": 1, "finalised": []}
     for step in range(11, 14):  # later groups of both runs, on the same writer
-        gate = CommitGate(app)
-        try:
+        with commit_gate(app) as gate:
             head, answers = _run_gated(
                 app,
                 gate,
                 _send(api, "r", 200 + step, 0, 1.0),
                 [_send(api, "r", step, 0, 0.25 * step), _send(api, "q", step, 1, 0.5 * step)],
             )
-        finally:
-            gate.release()
-            gate.close()
         assert [head.status_code, *(a.status_code for a in answers)] == [200] * 3
     assert api.value(0, "a", run="r") == 1.0  # the conflict changed nothing
     assert api.value(10, "a", run="q") == 7.5
@@ -114,8 +106,7 @@ def _fail_inside_a_group(app: Any, api: Api, db_url: str) -> None:
             "WHERE runs.name = 'q' AND steps.step = 0 FOR UPDATE OF steps"
         ).fetchall()
         assert held == [(1,)]
-        gate = CommitGate(app)
-        try:
+        with commit_gate(app) as gate:
             head, (first, failed) = _run_gated(
                 app,
                 gate,
@@ -124,9 +115,6 @@ def _fail_inside_a_group(app: Any, api: Api, db_url: str) -> None:
                 ordered=True,  # r's batch first: the one a whole rollback would undo
             )
             assert gate.commits == 2  # q's batch failed inside the group, which committed
-        finally:
-            gate.release()
-            gate.close()
         holder.rollback()
     assert head.status_code == 200
     assert failed.status_code == 503, failed.text
@@ -158,14 +146,10 @@ def test_a_refused_batch_leaves_the_writer_its_connection(make_client: Any, api_
     [held] = store._held  # the writer's own connection
     conflict = _send(api, "r", 0, 0, 2.0)  # (0, 0, 0) again, another value
     assert conflict().status_code == 409  # alone
-    gate = CommitGate(app)
-    try:
+    with commit_gate(app) as gate:
         _, answers = _run_gated(
             app, gate, _send(api, "r", 1, 0, 1.0), [conflict, _send(api, "r", 2, 0, 3.0)]
         )
-    finally:
-        gate.release()
-        gate.close()
     assert [a.status_code for a in answers] == [409, 200]  # one group of one run, then one by one
     assert store._held == {held} and not held.invalidated
     assert _send(api, "q", 0, 0, 4.0)().status_code == 200

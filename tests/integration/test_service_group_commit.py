@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -50,12 +51,21 @@ class CommitGate:
         event.remove(self.engine, "commit", self._on_commit)
 
 
+@contextmanager
+def commit_gate(app: Any) -> Iterator[CommitGate]:
+    """A :class:`CommitGate` on ``app``'s engine, opened and removed at the end."""
+    g = CommitGate(app)
+    try:
+        yield g
+    finally:
+        g.release()
+        g.close()
+
+
 @pytest.fixture
 def gate(app: Any) -> Iterator[CommitGate]:
-    g = CommitGate(app)
-    yield g
-    g.release()
-    g.close()
+    with commit_gate(app) as g:
+        yield g
 
 
 def _queued(app: Any) -> int:
