@@ -145,8 +145,21 @@ class GroupCommit:
             self._last_arrival = now
             if self._in_flight >= self._peak or now - self._peak_at > PEAK_WINDOW_S:
                 self._peak, self._peak_at = self._in_flight, now
-            self._arrived.notify()
+            if self._wakes_writer():
+                self._arrived.notify()
         return item.future
+
+    def _wakes_writer(self) -> bool:
+        """Whether the batch just queued can end a writer's wait (the queue's lock held).
+
+        A writer waits for a queue that is not empty, then (lingering) for the burst to
+        be queued or the queue to be full; between arrivals its timed wait runs out by
+        itself (``linger_s`` after the last one) and looks again. So the batches of a
+        burst but the first and the last wake no writer: each wake is a thread switch
+        and a turn of the GIL taken from the event loop while it reads the next request
+        (bench/README.md, Scale)."""
+        queued = len(self._queue)
+        return queued == 1 or queued >= self._max_batches or self._in_flight >= self._peak
 
     def close(self) -> None:
         """Take no more batches; the writers finish what is queued, then stop."""

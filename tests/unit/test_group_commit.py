@@ -251,3 +251,33 @@ def test_a_lingering_writer_whose_batches_another_took_waits_again() -> None:
         group._arrived.notify()
     lingering.join(10)
     assert [[p.batch.commits[(0, 0)] for p in g] for g in taken if g] == [[2]]
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts its notifications (each a writer woken, when one waits)."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_a_burst_wakes_its_lingering_writer_at_its_first_and_last_batch() -> None:
+    """Eight were in flight at once lately: of the next eight, the first wakes a writer
+    (the queue was empty) and the last (the burst is queued); the six between them
+    would only wake it to wait again, taking the GIL from the event loop each time."""
+    fake = FakeTransactions()
+    group = GroupCommit(fake, max_batches=16, max_bytes=1 << 20, linger_s=5.0)
+    counted = CountingCondition(group._lock)
+    group._arrived = counted
+    fake.opened.set()
+    with group._lock:  # eight were in flight at once lately
+        group._peak, group._peak_at = 8, time.monotonic()
+    t0 = time.monotonic()
+    burst = [group.submit_future(NO_RUN, _batch(t), 0.0) for t in range(8)]
+    assert [f.result(10).commits for f in burst] == list(range(8))
+    assert time.monotonic() - t0 < 2.5  # woken by the last batch, not by the linger's end
+    assert counted.notified == 2
+    assert fake.groups == [list(range(8))]  # one group, as before
+    group.close()
