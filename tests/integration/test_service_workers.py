@@ -3,7 +3,12 @@ share are finalised once with the exact values."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
+import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,3 +80,130 @@ def test_a_stream_on_one_worker_sends_every_workers_finalisations_once(
     finally:
         service.stop(signal.SIGTERM)
     assert got == list(range(12))
+
+
+def _server_inodes(port: int) -> dict[int, int]:
+    """The inode of the server's socket of each connection to ``port``, by the client's
+    port (``/proc/net/tcp``: IPv4, established)."""
+    found: dict[int, int] = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, inode = fields[1], fields[2], fields[3], int(fields[9])
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            found[int(remote.split(":")[1], 16)] = inode
+    return found
+
+
+def _listening(port: int) -> int:
+    """How many sockets listen on ``port`` (``/proc/net/tcp``, IPv4)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(
+        1 for f in map(str.split, lines) if f[3] == "0A" and int(f[1].split(":")[1], 16) == port
+    )
+
+
+def _wait_listening(port: int, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while _listening(port) < n:
+        assert time.monotonic() < deadline, f"not {n} sockets listening on {port}"
+        time.sleep(0.05)
+
+
+def _sockets_of(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def test_connections_opened_at_once_are_spread_over_the_workers(
+    db_url: str, serve: Callable[..., ServedService]
+) -> None:
+    """32 clients connect at once, as a job's reporters do when it starts: each worker,
+    on a listening socket of its own, gets its share of them (15-17 to 12-20 here).
+    With the one listening socket the workers shared before, the first to wake took
+    most of such a burst (31 to 1, 30 to 2), and served most of the load for good."""
+    service = serve(db_url, "--workers", "2")
+    assert service.proc is not None
+    try:
+        workers = _workers(service.proc.pid)
+        assert len(workers) == 2
+        _wait_listening(service.port, 2)  # each worker on its own socket, once started
+        clients = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(32)]
+        request = f"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:{service.port}\r\n\r\n".encode()
+        for c in clients:  # a request each: every connection accepted by some worker
+            c.sendall(request)
+        for c in clients:
+            assert c.recv(65536).startswith(b"HTTP/1.1 200")
+        inodes = _server_inodes(service.port)
+        owned = {pid: _sockets_of(pid) for pid in workers}
+        share = Counter(
+            next(pid for pid, held in owned.items() if inodes[c.getsockname()[1]] in held)
+            for c in clients
+        )
+        share.update(dict.fromkeys(workers, 0))  # a worker with none counts too
+        for c in clients:
+            c.close()
+    finally:
+        service.stop(signal.SIGTERM)
+    assert min(share.values()) >= 6, share  # Binomial(32, 1/2) is below 6 once in 6,000
+
+
+def _workers(parent: int) -> list[int]:
+    return [  # not multiprocessing's resource tracker
+        pid
+        for pid in _children(parent)
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_a_worker_that_dies_is_replaced_on_its_socket(
+    db_url: str, serve: Callable[..., ServedService]
+) -> None:
+    """A worker killed outright: the connections the kernel queues on its socket in the
+    meantime wait there, and the worker started in its place answers them."""
+    service = serve(db_url, "--workers", "2")
+    assert service.proc is not None
+    try:
+        first = _workers(service.proc.pid)
+        _wait_listening(service.port, 2)
+        os.kill(first[0], signal.SIGKILL)
+        clients = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(32)]
+        request = f"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:{service.port}\r\n\r\n".encode()
+        for c in clients:
+            c.settimeout(30)
+            c.sendall(request)
+        answers = [c.recv(65536) for c in clients]
+        inodes = _server_inodes(service.port)
+        now = _workers(service.proc.pid)
+        replaced = next(pid for pid in now if pid not in first)
+        served = sum(inodes[c.getsockname()[1]] in _sockets_of(replaced) for c in clients)
+        for c in clients:
+            c.close()
+    finally:
+        service.stop(signal.SIGTERM)
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    assert sorted(now) == sorted([first[1], replaced])
+    assert served >= 6  # its share, held for it while it started
+
+
+def test_workers_on_a_port_another_program_holds_do_not_start(db_url: str) -> None:
+    """Its workers would share the port only with sockets that share it too: a port that
+    another program listens on is refused, in one line, and nothing serves."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ServedService.cli("migrate", "--database-url", db_url)
+        done = ServedService.cli(
+            "serve", "--database-url", db_url, "--port", str(port), "--workers", "2", check=False
+        )
+    stderr = done.stderr.decode().splitlines()
+    assert done.returncode == 2
+    assert stderr == [
+        f"steptally: cannot listen on 127.0.0.1:{port}: Address already in use",
+        "steptally: cannot serve: the 2 workers did not start (see above)",
+    ]
