@@ -94,21 +94,6 @@ def _server_inodes(port: int) -> dict[int, int]:
     return found
 
 
-def _listening(port: int) -> int:
-    """How many sockets listen on ``port`` (``/proc/net/tcp``, IPv4)."""
-    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    return sum(
-        1 for f in map(str.split, lines) if f[3] == "0A" and int(f[1].split(":")[1], 16) == port
-    )
-
-
-def _wait_listening(port: int, n: int) -> None:
-    deadline = time.monotonic() + 30
-    while _listening(port) < n:
-        assert time.monotonic() < deadline, f"not {n} sockets listening on {port}"
-        time.sleep(0.05)
-
-
 def _sockets_of(pid: int) -> set[int]:
     inodes: set[int] = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -119,37 +104,58 @@ def _sockets_of(pid: int) -> set[int]:
     return inodes
 
 
-def test_connections_opened_at_once_are_spread_over_the_workers(
+def _owners(port: int, clients: list[socket.socket], workers: list[int]) -> list[int]:
+    """The worker serving each client's connection (each must have had an answer)."""
+    inodes = _server_inodes(port)
+    held = {pid: _sockets_of(pid) for pid in workers}
+    return [
+        next(pid for pid, s in held.items() if inodes[c.getsockname()[1]] in s) for c in clients
+    ]
+
+
+def _connect(port: int, n: int) -> list[socket.socket]:
+    """``n`` connections opened at once, then a request on each, answered."""
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    request = f"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n\r\n".encode()
+    for c in clients:
+        c.settimeout(30)
+        c.sendall(request)
+    for c in clients:
+        assert c.recv(65536).startswith(b"HTTP/1.1 200")
+    return clients
+
+
+def test_connections_are_dealt_to_the_worker_holding_the_fewest(
     db_url: str, serve: Callable[..., ServedService]
 ) -> None:
-    """32 clients connect at once, as a job's reporters do when it starts: each worker,
-    on a listening socket of its own, gets its share of them (15-17 to 12-20 here).
-    With the one listening socket the workers shared before, the first to wake took
-    most of such a burst (31 to 1, 30 to 2), and served most of the load for good."""
+    """32 clients connect at once, as a job's reporters do when it starts: 16 go to
+    each worker. With the one listening socket the workers shared before, the first to
+    wake took most of such a burst (31 to 1, 30 to 2) and served most of the load for
+    the rest of the run. Connections that close make room: the next ones go to the
+    worker that lost them."""
     service = serve(db_url, "--workers", "2")
     assert service.proc is not None
+    clients: list[socket.socket] = []
     try:
         workers = _workers(service.proc.pid)
         assert len(workers) == 2
-        _wait_listening(service.port, 2)  # each worker on its own socket, once started
-        clients = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(32)]
-        request = f"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:{service.port}\r\n\r\n".encode()
-        for c in clients:  # a request each: every connection accepted by some worker
-            c.sendall(request)
-        for c in clients:
-            assert c.recv(65536).startswith(b"HTTP/1.1 200")
-        inodes = _server_inodes(service.port)
-        owned = {pid: _sockets_of(pid) for pid in workers}
-        share = Counter(
-            next(pid for pid, held in owned.items() if inodes[c.getsockname()[1]] in held)
-            for c in clients
-        )
-        share.update(dict.fromkeys(workers, 0))  # a worker with none counts too
+        clients = _connect(service.port, 32)
+        owners = _owners(service.port, clients, workers)
+        first = Counter(owners)
+        gone = [c for c, pid in zip(clients, owners, strict=True) if pid == workers[0]][:10]
+        for c in gone:
+            c.close()
+        clients = [c for c in clients if c not in gone]
+        time.sleep(0.5)  # the closes noted
+        more = _connect(service.port, 10)
+        then = Counter(_owners(service.port, more, workers))
+        clients += more
+    finally:
         for c in clients:
             c.close()
-    finally:
         service.stop(signal.SIGTERM)
-    assert min(share.values()) >= 6, share  # Binomial(32, 1/2) is below 6 once in 6,000
+    assert first == {workers[0]: 16, workers[1]: 16}
+    assert then == {workers[0]: 10}
 
 
 def _workers(parent: int) -> list[int]:
@@ -163,36 +169,27 @@ def _workers(parent: int) -> list[int]:
 def test_a_worker_that_dies_is_replaced_on_its_socket(
     db_url: str, serve: Callable[..., ServedService]
 ) -> None:
-    """A worker killed outright: the connections the kernel queues on its socket in the
-    meantime wait there, and the worker started in its place answers them."""
+    """A worker killed outright: the connections dealt to it in the meantime wait on its
+    pair, and the worker started in its place answers them."""
     service = serve(db_url, "--workers", "2")
     assert service.proc is not None
     try:
         first = _workers(service.proc.pid)
-        _wait_listening(service.port, 2)
         os.kill(first[0], signal.SIGKILL)
-        clients = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(32)]
-        request = f"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:{service.port}\r\n\r\n".encode()
-        for c in clients:
-            c.settimeout(30)
-            c.sendall(request)
-        answers = [c.recv(65536) for c in clients]
-        inodes = _server_inodes(service.port)
+        clients = _connect(service.port, 32)  # every one answered
         now = _workers(service.proc.pid)
         replaced = next(pid for pid in now if pid not in first)
-        served = sum(inodes[c.getsockname()[1]] in _sockets_of(replaced) for c in clients)
+        served = _owners(service.port, clients, now).count(replaced)
         for c in clients:
             c.close()
     finally:
         service.stop(signal.SIGTERM)
-    assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
     assert sorted(now) == sorted([first[1], replaced])
-    assert served >= 6  # its share, held for it while it started
+    assert served >= 8  # its share at least, held for it while it started
 
 
 def test_workers_on_a_port_another_program_holds_do_not_start(db_url: str) -> None:
-    """Its workers would share the port only with sockets that share it too: a port that
-    another program listens on is refused, in one line, and nothing serves."""
+    """A port that another program listens on is refused, in one line."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -207,3 +204,27 @@ def test_workers_on_a_port_another_program_holds_do_not_start(db_url: str) -> No
         f"steptally: cannot listen on 127.0.0.1:{port}: Address already in use",
         "steptally: cannot serve: the 2 workers did not start (see above)",
     ]
+
+
+def test_sighup_replaces_each_worker_on_its_pair(
+    db_url: str, serve: Callable[..., ServedService]
+) -> None:
+    """SIGHUP (uvicorn's restart): each worker is replaced by a new one, which serves
+    the connections dealt to its pair from then on, 4 and 4 of 8."""
+    service = serve(db_url, "--workers", "2")
+    assert service.proc is not None
+    clients: list[socket.socket] = []
+    try:
+        before = _workers(service.proc.pid)
+        service.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not set(after := _workers(service.proc.pid)).isdisjoint(before) or len(after) < 2:
+            assert time.monotonic() < deadline, "the workers were not replaced"
+            time.sleep(0.1)
+        clients = _connect(service.port, 8)
+        share = Counter(_owners(service.port, clients, after))
+    finally:
+        for c in clients:
+            c.close()
+        service.stop(signal.SIGTERM)
+    assert share == dict.fromkeys(after, 4)

@@ -1,0 +1,253 @@
+"""``steptally serve --workers N``: the parent accepts, and deals each connection out.
+
+A reporter keeps its connection for the whole run, so how a job's connections are
+split between the workers, when they are opened, is how its load is split from then
+on. With one listening socket shared by all the workers (uvicorn's way), the worker
+that woke first accepted whatever was queued: 32 connections opened at once went 31 to
+one worker and 1 to the other. With a socket of each worker's own bound to the port
+with ``SO_REUSEPORT``, the kernel spreads them by a hash of their addresses, which for
+a job's 8 connections still gave one worker 7 of them as often as not.
+
+So here the parent owns the one listening socket and a thread of its own
+(:class:`Dealer`) accepts each connection and passes it (``SCM_RIGHTS``, over a Unix
+socket pair per worker) to the worker that holds the fewest connections it was dealt
+and has not closed (each worker says so on its pair when one closes), the next one in
+turn among equals: N connections go N/N to each worker, whenever they are opened. A
+worker (:class:`Receiver`, uvicorn's server with no listener of its own) serves each
+connection it is handed as if it had accepted it. A worker that dies is started
+again on its pair, and the connections dealt to it meanwhile wait there for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+
+import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
+
+LOG = logging.getLogger("uvicorn.error")  # where uvicorn's supervisor says the same
+#: a worker's note on its pair that a connection it was dealt has closed
+CLOSED = b"-"
+
+
+def listener(host: str, port: int, backlog: int) -> socket.socket:
+    """The service's listening socket. Raises ``OSError`` when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Dealer:
+    """The parent's accepting thread: each connection to the worker holding the fewest."""
+
+    def __init__(self, sock: socket.socket, workers: int) -> None:
+        self.sock = sock
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(workers)]
+        self.ends = [ours for ours, _ in pairs]  # the parent's end of each pair
+        self.theirs = [theirs for _, theirs in pairs]  # kept open for a worker started again
+        self.held = [0] * workers  # connections dealt to each and not yet closed
+        self._next = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._deal, name="steptally-dealer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Accept no more connections (those queued stay in the socket's backlog)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def close(self) -> None:
+        self.stop()
+        for s in [self.sock, *self.ends, *self.theirs]:
+            s.close()
+
+    def pick(self) -> int:
+        """The worker to deal the next connection to (after reading the closes noted)."""
+        for i, end in enumerate(self.ends):
+            with contextlib.suppress(BlockingIOError):
+                while notes := end.recv(4096, socket.MSG_DONTWAIT):
+                    self.held[i] -= notes.count(CLOSED)
+        n = len(self.held)
+        order = [(self._next + k) % n for k in range(n)]
+        chosen = min(order, key=lambda i: self.held[i])  # the first in turn among equals
+        self._next = (chosen + 1) % n
+        return chosen
+
+    def _deal(self) -> None:
+        self.sock.settimeout(0.5)  # to look at the stop flag now and then
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                self.pick()  # read the closes noted meanwhile, so the pairs never fill up
+                continue
+            except OSError as exc:  # out of descriptors, a reset before the accept: go on
+                LOG.warning("cannot accept a connection: %s", exc)
+                self._stop.wait(0.05)
+                continue
+            with conn:
+                i = self.pick()
+                try:
+                    socket.send_fds(self.ends[i], [b"+"], [conn.fileno()])
+                    self.held[i] += 1
+                except OSError as exc:
+                    LOG.warning("cannot pass a connection to worker %d: %s", i, exc)
+
+
+class Receiver(uvicorn.Server):
+    """A worker's server: no listener of its own; it serves each connection the parent
+    passes on ``channel`` as uvicorn serves one it accepted (the same protocol, state and
+    shutdown), and notes on ``channel`` each one that closes."""
+
+    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
+        super().__init__(config)
+        self.channel = channel
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])
+        if not self.started:
+            return
+        loop = asyncio.get_running_loop()
+        self.channel.setblocking(False)
+        loop.add_reader(self.channel.fileno(), self._take, loop)
+
+    def _protocol(self, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
+        protocol: asyncio.Protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config,
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+            _loop=loop,
+        )
+        lost = protocol.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            with contextlib.suppress(OSError):  # the parent stopping: nobody to tell
+                self.channel.send(CLOSED)
+            lost(exc)
+
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+        return protocol
+
+    def _take(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            _, fds, _, _ = socket.recv_fds(self.channel, 16, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            fds = []
+        if not fds:  # the parent's end closed: it is stopping
+            loop.remove_reader(self.channel.fileno())
+            return
+        for fd in fds:
+            sock = socket.socket(fileno=fd)
+            loop.create_task(loop.connect_accepted_socket(lambda: self._protocol(loop), sock))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        with contextlib.suppress(Exception):  # not started, or already closed
+            asyncio.get_running_loop().remove_reader(self.channel.fileno())
+        await super().shutdown(sockets)
+
+
+class Worker(Process):
+    """uvicorn's worker process, serving what the parent deals it on ``channel``."""
+
+    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
+        super().__init__(config, [channel])
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = Receiver(self.config, self.channel)
+        return self._server
+
+    def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover
+        assert sockets
+        self.channel = sockets[0]
+        super().target(sockets=None)
+
+
+class Spread(Multiprocess):
+    """uvicorn's supervisor (start, watch, restart and stop the workers) with a
+    :class:`Dealer` in front of them: worker ``i`` is started, and started again, on
+    pair ``i``."""
+
+    def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
+        super().__init__(config, [])
+        self.dealer = Dealer(sock, config.workers)
+
+    def init_processes(self) -> None:
+        for theirs in self.dealer.theirs:
+            process = Worker(self.config, theirs)
+            process.start()
+            self.processes.append(process)
+        self.dealer.start()
+
+    def keep_subprocess_alive(self) -> None:
+        """As uvicorn's: a worker that does not answer is killed and started again, on
+        its own pair; one that failed to start stops the whole service."""
+        if self.should_exit.is_set():
+            return
+        for i, process in enumerate(self.processes):
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:
+                LOG.error("worker %s failed to start; stopping", process.pid)
+                self.should_exit.set()
+            if self.should_exit.is_set():
+                return
+            LOG.info("worker %s died; starting another in its place", process.pid)
+            self.dealer.held[i] = 0  # its connections died with it
+            process = Worker(self.config, self.dealer.theirs[i])
+            process.start()
+            self.processes[i] = process
+
+    def restart_all(self) -> None:
+        """SIGHUP: each worker replaced by a new one on its pair, which serves the pair's
+        new connections as soon as it is up, before the old one stops."""
+        for i, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new = Worker(self.config, self.dealer.theirs[i])
+            new.start()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                LOG.error("worker %s was not ready in time; restart stopped", new.pid)
+                return
+            old.terminate()
+            old.join()
+            self.processes[i] = new
+
+    def handle_ttin(self) -> None:
+        LOG.warning("SIGTTIN ignored: start the service again with another --workers")
+
+    def handle_ttou(self) -> None:
+        LOG.warning("SIGTTOU ignored: start the service again with another --workers")
+
+    def terminate_all(self) -> None:
+        self.dealer.stop()
+        super().terminate_all()
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.dealer.close()
