@@ -41,6 +41,7 @@ from steptally.service.auth.ratelimit import limiter_of
 from steptally.service.auth.tokens import open_tokens
 from steptally.service.coordination.fanout import RedisFanout
 from steptally.service.coordination.keys import RedisKeys
+from steptally.service.coordination.pg_wake import FinalisedWake
 from steptally.service.dashboard import router as dashboard
 from steptally.service.metrics.registry import build_registry
 from steptally.service.settings import Settings
@@ -67,6 +68,9 @@ def create_app(
     fanout = None
     if settings.redis_url is not None:
         fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)
+    wake = None
+    if settings.events_poll and settings.database_url.startswith("postgresql"):
+        wake = FinalisedWake(settings.database_url, hub)  # the others' finalisations
     timeout_s = settings.default_step_timeout_s
     service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
     tokens = open_tokens(settings)  # None: auth is off
@@ -80,6 +84,8 @@ def create_app(
             await run_in_threadpool(store.check_ready)
             if fanout is not None:
                 await fanout.start()
+            if wake is not None:
+                wake.start()
             if sweep:
                 task = asyncio.create_task(sweep_forever(service, settings.sweep_interval_s))
             yield
@@ -90,6 +96,8 @@ def create_app(
                     await task
             if fanout is not None:
                 await fanout.stop()
+            if wake is not None:
+                await run_in_threadpool(wake.stop)
             service.events.close()
             handoff.close()
             store.close()

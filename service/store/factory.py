@@ -32,6 +32,7 @@ def open_store(settings: Settings) -> Store:
         settings.ingest_group_max_wait_s,
         settings.ingest_writers,
         settings.ingest_group_linger_s,
+        notify=settings.events_poll,  # processes that do not hear each other otherwise
     )
     if settings.redis_url is None:
         return sql

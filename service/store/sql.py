@@ -48,6 +48,7 @@ from steptally.service.store.protocol import (
     StepRecord,
 )
 from steptally.service.store.sql_ingest import Stored
+from steptally.service.store.sql_postgres import PostgresDialect
 from steptally.service.store.sql_run import KnownRuns, load_run, load_runs, save_run
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
@@ -103,13 +104,18 @@ class SqlStore:
         group_max_wait_s: float = 0.0,
         writers: int | None = None,
         group_linger_s: float = 0.0,
+        notify: bool = False,
     ) -> SqlStore:
-        """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``."""
+        """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``;
+        ``notify``: on PostgreSQL, each finalisation announced to the other processes
+        (:attr:`~.sql_postgres.PostgresDialect.notify`)."""
         engine = make_engine(url, limits)
         store = cls(
             engine, group_max_batches, group_max_bytes, group_max_wait_s, writers, group_linger_s
         )
         store.url = url
+        if notify and isinstance(store.dialect, PostgresDialect):
+            store.dialect.notify = True
         return store
 
     def close(self) -> None:

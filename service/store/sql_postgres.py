@@ -76,6 +76,10 @@ COPY_MIN_ROWS = 2048
 #: the statuses of a finalised step (a batch of which nothing is stored joins one only
 #: through the probe and the apply)
 FINALISED = [s.value for s in StepStatus if s is not StepStatus.OPEN]
+#: the channel on which a finalisation is announced to the service's other processes
+#: (``PostgresDialect.notify``; :mod:`steptally.service.coordination.pg_wake` listens)
+FINALISED_CHANNEL = "steptally_finalised"
+NOTIFY_FINALISED = f"SELECT pg_notify('{FINALISED_CHANNEL}', %(run)b::TEXT)"
 
 
 class PostgresDialect:
@@ -87,6 +91,10 @@ class PostgresDialect:
     default_group = 64
     default_writers = 2
     finalises_after_commit = True
+    #: announce each finalisation on :data:`FINALISED_CHANNEL`, delivered with its
+    #: commit: where several processes serve one database without Redis, so that their
+    #: event streams hear of each other's finalisations at once (the store's setting)
+    notify = False
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()  # writers meet on the pairs and rows they lock
@@ -253,6 +261,8 @@ class PostgresDialect:
         statements = [(PIPELINE.update_step, p) for p in _steps_params(run_id, changed)]
         if values:
             statements.insert(0, (PIPELINE.upsert_values, _values_params(run_id, values)))
+        if self.notify and any(r.status is not StepStatus.OPEN for r in changed):
+            statements.append((NOTIFY_FINALISED, {"run": str(run_id)}))
         pg_pipeline.run(driver, statements, commit=last)
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:

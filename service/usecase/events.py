@@ -146,6 +146,16 @@ class EventHub:
             for event in events:
                 sub.deliver(event)
 
+    def wake(self) -> None:
+        """Another process finalised a step: every degraded stream reads the database
+        now rather than at its next poll (nothing to do for one that is not)."""
+        if not self.degraded:
+            return
+        with self._lock:
+            subs = [s for group in self._subs.values() for s in group]
+        for sub in subs:
+            sub.deliver(_WAKE)
+
     def end_streams(self) -> None:
         """End every open stream, the hub staying open: their clients reconnect with
         their last event id and replay from the database (events may have been missed)."""

@@ -228,3 +228,42 @@ def test_sighup_replaces_each_worker_on_its_pair(
             c.close()
         service.stop(signal.SIGTERM)
     assert share == dict.fromkeys(after, 4)
+
+
+def test_a_stream_hears_another_workers_finalisations_at_its_commit(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL without Redis: each finalisation is announced with its commit
+    (``NOTIFY``), and every worker's streams read it then. Here the workers' poll of
+    the database is an hour (patched into them), and the stream's worker finalises
+    nothing itself (the stream holds one connection, the posts another, dealt to the
+    other worker): every step still arrives, in order, once."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if any('multiprocessing' in a for a in sys.argv):\n"
+        "    import steptally.service.usecase.events as events\n"
+        "    events.POLL_S = 3600.0\n"
+    )
+    service = ServedService(postgres_url, tmp_path / "serve.log")
+    service.env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    service.start("--workers", "2")
+    spec = {"name": "w", "world_size": 1, "metrics": {"a": "sum"}}
+    try:
+        assert httpx.post(f"{service.url}/v1/runs", json=spec).status_code in (200, 201)
+        stream = Stream(f"{service.url}/v1/runs/w/events")
+        try:
+            time.sleep(0.5)  # the stream's connection dealt first
+            with httpx.Client(base_url=service.url, timeout=10) as http:
+                for step in range(6):
+                    body = {
+                        "fragments": [{"step": step, "rank": 0, "seq": 0, "values": {"a": 1.0}}],
+                        "commits": [{"step": step, "rank": 0, "fragments": 1}],
+                    }
+                    assert http.post("/v1/runs/w/fragments", json=body).is_success
+            got = [orjson.loads(e["data"])["step"] for e in stream.take(6, timeout=20)]
+            assert stream.nothing_more(1.0)
+        finally:
+            stream.close()
+    finally:
+        service.stop(signal.SIGTERM)
+    assert got == list(range(6))
