@@ -80,7 +80,7 @@ class Dealer:
     def pick(self) -> int:
         """The worker to deal the next connection to (after reading the closes noted)."""
         for i, end in enumerate(self.ends):
-            with contextlib.suppress(BlockingIOError):
+            with contextlib.suppress(OSError):  # none waiting (or the pair unreadable)
                 while notes := end.recv(4096, socket.MSG_DONTWAIT):
                     self.held[i] -= notes.count(CLOSED)
         n = len(self.held)
@@ -106,7 +106,7 @@ class Dealer:
                 try:
                     socket.send_fds(self.ends[i], [b"+"], [conn.fileno()])
                     self.held[i] += 1
-                except OSError as exc:
+                except Exception as exc:  # this connection is lost; the next ones are not
                     LOG.warning("cannot pass a connection to worker %d: %s", i, exc)
 
 
