@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 
@@ -69,7 +70,7 @@ def create_app(
     if settings.redis_url is not None:
         fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)
     wake = None
-    if settings.events_poll and settings.database_url.startswith("postgresql"):
+    if settings.events_poll and make_url(settings.database_url).get_backend_name() == "postgresql":
         wake = FinalisedWake(settings.database_url, hub)  # the others' finalisations
     timeout_s = settings.default_step_timeout_s
     service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)

@@ -77,12 +77,21 @@ class Dealer:
         for s in [self.sock, *self.ends, *self.theirs]:
             s.close()
 
+    def _read_closes(self, i: int) -> None:
+        with contextlib.suppress(OSError):  # none waiting (or the pair unreadable)
+            while notes := self.ends[i].recv(4096, socket.MSG_DONTWAIT):
+                self.held[i] -= notes.count(CLOSED)
+
+    def forget(self, i: int) -> None:
+        """Worker ``i`` died, and its connections with it (the closes it noted first
+        are read, so that none counts against its replacement)."""
+        self._read_closes(i)
+        self.held[i] = 0
+
     def pick(self) -> int:
         """The worker to deal the next connection to (after reading the closes noted)."""
-        for i, end in enumerate(self.ends):
-            with contextlib.suppress(OSError):  # none waiting (or the pair unreadable)
-                while notes := end.recv(4096, socket.MSG_DONTWAIT):
-                    self.held[i] -= notes.count(CLOSED)
+        for i in range(len(self.ends)):
+            self._read_closes(i)
         n = len(self.held)
         order = [(self._next + k) % n for k in range(n)]
         chosen = min(order, key=lambda i: self.held[i])  # the first in turn among equals
@@ -149,7 +158,8 @@ class Receiver(uvicorn.Server):
             _, fds, _, _ = socket.recv_fds(self.channel, 16, 64)
         except BlockingIOError:
             return
-        except OSError:
+        except OSError as exc:
+            LOG.error("no more connections from the parent: %s", exc)
             fds = []
         if not fds:  # the parent's end closed: it is stopping
             loop.remove_reader(self.channel.fileno())
@@ -214,7 +224,7 @@ class Spread(Multiprocess):
             if self.should_exit.is_set():
                 return
             LOG.info("worker %s died; starting another in its place", process.pid)
-            self.dealer.held[i] = 0  # its connections died with it
+            self.dealer.forget(i)
             process = Worker(self.config, self.dealer.theirs[i])
             process.start()
             self.processes[i] = process

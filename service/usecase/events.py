@@ -149,29 +149,28 @@ class EventHub:
     def wake(self) -> None:
         """Another process finalised a step: every degraded stream reads the database
         now rather than at its next poll (nothing to do for one that is not)."""
-        if not self.degraded:
-            return
-        with self._lock:
-            subs = [s for group in self._subs.values() for s in group]
-        for sub in subs:
-            sub.deliver(_WAKE)
+        if self.degraded:
+            self._deliver_all(_WAKE)
 
     def end_streams(self) -> None:
         """End every open stream, the hub staying open: their clients reconnect with
         their last event id and replay from the database (events may have been missed)."""
-        with self._lock:
-            subs = [s for group in self._subs.values() for s in group]
-        for sub in subs:
-            sub.deliver(None)
+        self._deliver_all(None)
 
     def close(self) -> None:
         """End every stream (the app is shutting down)."""
         with self._lock:
             self._closed = True
+        self._deliver_all(None, forget=True)
+
+    def _deliver_all(self, event: StepEvent | None, forget: bool = False) -> None:
+        """``event`` to every subscription (``forget``: and drop them all)."""
+        with self._lock:
             subs = [s for group in self._subs.values() for s in group]
-            self._subs.clear()
+            if forget:
+                self._subs.clear()
         for sub in subs:
-            sub.deliver(None)
+            sub.deliver(event)
 
 
 REPLAY_PAGE = 500

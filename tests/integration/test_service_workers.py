@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -56,6 +57,14 @@ def test_two_workers_serve_and_share_steps(
     assert step["metrics"]["n"]["value"] == 3
 
 
+def _one_rank_step(step: int) -> dict[str, Any]:
+    """The body that completes ``step`` of a one-rank run of metric ``a``."""
+    return {
+        "fragments": [{"step": step, "rank": 0, "seq": 0, "values": {"a": 1.0}}],
+        "commits": [{"step": step, "rank": 0, "fragments": 1}],
+    }
+
+
 def test_a_stream_on_one_worker_sends_every_workers_finalisations_once(
     db_url: str, serve: Callable[..., ServedService]
 ) -> None:
@@ -68,10 +77,7 @@ def test_a_stream_on_one_worker_sends_every_workers_finalisations_once(
         stream = Stream(f"{service.url}/v1/runs/w/events")
         try:
             for step in range(12):  # a new connection each: either worker answers
-                body = {
-                    "fragments": [{"step": step, "rank": 0, "seq": 0, "values": {"a": 1.0}}],
-                    "commits": [{"step": step, "rank": 0, "fragments": 1}],
-                }
+                body = _one_rank_step(step)
                 assert httpx.post(f"{service.url}/v1/runs/w/fragments", json=body).is_success
             got = [orjson.loads(e["data"])["step"] for e in stream.take(12)]
             assert stream.nothing_more(1.0)
@@ -255,11 +261,7 @@ def test_a_stream_hears_another_workers_finalisations_at_its_commit(
             time.sleep(0.5)  # the stream's connection dealt first
             with httpx.Client(base_url=service.url, timeout=10) as http:
                 for step in range(6):
-                    body = {
-                        "fragments": [{"step": step, "rank": 0, "seq": 0, "values": {"a": 1.0}}],
-                        "commits": [{"step": step, "rank": 0, "fragments": 1}],
-                    }
-                    assert http.post("/v1/runs/w/fragments", json=body).is_success
+                    assert http.post("/v1/runs/w/fragments", json=_one_rank_step(step)).is_success
             got = [orjson.loads(e["data"])["step"] for e in stream.take(6, timeout=20)]
             assert stream.nothing_more(1.0)
         finally:
