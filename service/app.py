@@ -50,6 +50,7 @@ from steptally.service.store.factory import open_store
 from steptally.service.store.protocol import Store
 from steptally.service.usecase.events import EventHub
 from steptally.service.usecase.facade import Service, sweep_forever
+from steptally.service.workers import worker_peers
 
 
 def create_app(
@@ -61,7 +62,12 @@ def create_app(
 ) -> App:
     """Build the service over ``store`` (None: the one ``settings`` describe); the app
     closes it at shutdown. ``clock`` and ``sweep=False`` exist for tests."""
-    store = store if store is not None else open_store(settings)
+    # a worker of `serve --workers N` without Redis hears the others through the parent;
+    # other processes of one PostgreSQL database without Redis, through the database
+    peers = worker_peers() if settings.events_poll else None
+    postgres = make_url(settings.database_url).get_backend_name() == "postgresql"
+    by_database = settings.events_poll and peers is None and postgres
+    store = store if store is not None else open_store(settings, notify=by_database)
     window_s = settings.metrics_window_s  # /metrics: the runs active within it
     registry, telemetry = build_registry(store.exposition_snapshot, window_s, clock)
     hub = EventHub()
@@ -69,11 +75,19 @@ def create_app(
     fanout = None
     if settings.redis_url is not None:
         fanout = RedisFanout(settings.redis_url, RedisKeys(settings.redis_prefix), hub)
-    wake = None
-    if settings.events_poll and make_url(settings.database_url).get_backend_name() == "postgresql":
-        wake = FinalisedWake(settings.database_url, hub)  # the others' finalisations
+    wake = FinalisedWake(settings.database_url, hub) if by_database else None
+    if peers is not None:
+        peers.on_heard(hub.wake)
     timeout_s = settings.default_step_timeout_s
-    service = Service(store, telemetry, timeout_s, clock, events=hub, publisher=fanout)
+    service = Service(
+        store,
+        telemetry,
+        timeout_s,
+        clock,
+        events=hub,
+        publisher=fanout,
+        announce=peers.announce if peers is not None else None,
+    )
     tokens = open_tokens(settings)  # None: auth is off
     handoff = Handoff()
     limiter = limiter_of(settings)

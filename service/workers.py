@@ -16,6 +16,13 @@ turn among equals: N connections go N/N to each worker, whenever they are opened
 worker (:class:`Receiver`, uvicorn's server with no listener of its own) serves each
 connection it is handed as if it had accepted it. A worker that dies is started
 again on its pair, and the connections dealt to it meanwhile wait there for it.
+
+The pairs also carry the workers' word to each other (:class:`Peers`): without Redis
+no worker hears the steps another finalises, so its event streams read the database
+for them (a degraded hub, :mod:`steptally.service.usecase.events`). A worker that
+finalises steps says so on its pair, the parent passes the word on to every other
+worker, and each wakes its streams, which read the new steps at once instead of at
+their next poll of the database, on SQLite as on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import selectors
 import socket
 import threading
+from collections.abc import Callable
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -34,6 +43,41 @@ from uvicorn.supervisors.multiprocess import Process
 LOG = logging.getLogger("uvicorn.error")  # where uvicorn's supervisor says the same
 #: a worker's note on its pair that a connection it was dealt has closed
 CLOSED = b"-"
+#: a worker's note that it finalised steps, and the parent's word of it to the others
+FINALISED = b"f"
+#: the parent's message that carries a connection
+CONNECTION = b"+"
+
+
+class Peers:
+    """A worker's word with the other workers, through the parent: :meth:`announce`
+    that it finalised steps; :meth:`heard` calls each listener when another one did."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel  # the worker's end of its pair
+        self._listeners: list[Callable[[], None]] = []
+
+    def announce(self) -> None:
+        """From any thread; never blocks (a pair that is full already holds a word the
+        parent has yet to read, and the others' streams poll all the same)."""
+        with contextlib.suppress(OSError):
+            self.channel.send(FINALISED, socket.MSG_DONTWAIT)
+
+    def on_heard(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def heard(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+
+_peers: Peers | None = None
+
+
+def worker_peers() -> Peers | None:
+    """This process's word with the other workers: None unless it is a worker of
+    ``steptally serve --workers N``."""
+    return _peers
 
 
 def listener(host: str, port: int, backlog: int) -> socket.socket:
@@ -77,21 +121,28 @@ class Dealer:
         for s in [self.sock, *self.ends, *self.theirs]:
             s.close()
 
-    def _read_closes(self, i: int) -> None:
+    def _read_notes(self, i: int) -> None:
+        """Worker ``i``'s notes: its closes counted, its finalisations passed on to the
+        other workers (one word, however many it noted)."""
+        finalised = False
         with contextlib.suppress(OSError):  # none waiting (or the pair unreadable)
             while notes := self.ends[i].recv(4096, socket.MSG_DONTWAIT):
                 self.held[i] -= notes.count(CLOSED)
+                finalised = finalised or FINALISED in notes
+        if finalised:
+            for j, end in enumerate(self.ends):
+                if j != i:  # a full pair holds a word not yet read: this one can go
+                    with contextlib.suppress(OSError):
+                        end.send(FINALISED, socket.MSG_DONTWAIT)
 
     def forget(self, i: int) -> None:
         """Worker ``i`` died, and its connections with it (the closes it noted first
         are read, so that none counts against its replacement)."""
-        self._read_closes(i)
+        self._read_notes(i)
         self.held[i] = 0
 
     def pick(self) -> int:
-        """The worker to deal the next connection to (after reading the closes noted)."""
-        for i in range(len(self.ends)):
-            self._read_closes(i)
+        """The worker to deal the next connection to."""
         n = len(self.held)
         order = [(self._next + k) % n for k in range(n)]
         chosen = min(order, key=lambda i: self.held[i])  # the first in turn among equals
@@ -99,34 +150,47 @@ class Dealer:
         return chosen
 
     def _deal(self) -> None:
-        self.sock.settimeout(0.5)  # to look at the stop flag now and then
-        while not self._stop.is_set():
+        """Accept connections and read the workers' notes as they come."""
+        self.sock.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ, -1)
+            for i, end in enumerate(self.ends):
+                selector.register(end, selectors.EVENT_READ, i)
+            while not self._stop.is_set():  # looked at every 0.5 s at least
+                for key, _ in selector.select(0.5):
+                    if key.data < 0:
+                        self._accept()
+                    else:
+                        self._read_notes(key.data)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except BlockingIOError:  # reset by its client before the accept
+            return
+        except OSError as exc:  # out of descriptors: go on
+            LOG.warning("cannot accept a connection: %s", exc)
+            self._stop.wait(0.05)
+            return
+        with conn:
+            i = self.pick()
             try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                self.pick()  # read the closes noted meanwhile, so the pairs never fill up
-                continue
-            except OSError as exc:  # out of descriptors, a reset before the accept: go on
-                LOG.warning("cannot accept a connection: %s", exc)
-                self._stop.wait(0.05)
-                continue
-            with conn:
-                i = self.pick()
-                try:
-                    socket.send_fds(self.ends[i], [b"+"], [conn.fileno()])
-                    self.held[i] += 1
-                except Exception as exc:  # this connection is lost; the next ones are not
-                    LOG.warning("cannot pass a connection to worker %d: %s", i, exc)
+                socket.send_fds(self.ends[i], [CONNECTION], [conn.fileno()])
+                self.held[i] += 1
+            except Exception as exc:  # this connection is lost; the next ones are not
+                LOG.warning("cannot pass a connection to worker %d: %s", i, exc)
 
 
 class Receiver(uvicorn.Server):
     """A worker's server: no listener of its own; it serves each connection the parent
-    passes on ``channel`` as uvicorn serves one it accepted (the same protocol, state and
-    shutdown), and notes on ``channel`` each one that closes."""
+    passes on its pair as uvicorn serves one it accepted (the same protocol, state and
+    shutdown), notes on the pair each one that closes, and tells ``peers`` of the other
+    workers' finalisations."""
 
-    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
+    def __init__(self, config: uvicorn.Config, peers: Peers) -> None:
         super().__init__(config)
-        self.channel = channel
+        self.peers = peers
+        self.channel = peers.channel
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])
@@ -155,15 +219,17 @@ class Receiver(uvicorn.Server):
 
     def _take(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            _, fds, _, _ = socket.recv_fds(self.channel, 16, 64)
+            message, fds, _, _ = socket.recv_fds(self.channel, 16, 64)
         except BlockingIOError:
             return
         except OSError as exc:
             LOG.error("no more connections from the parent: %s", exc)
-            fds = []
-        if not fds:  # the parent's end closed: it is stopping
+            message, fds = b"", []
+        if not message:  # the parent's end closed: it is stopping
             loop.remove_reader(self.channel.fileno())
             return
+        if message == FINALISED:
+            self.peers.heard()
         for fd in fds:
             sock = socket.socket(fileno=fd)
             loop.create_task(loop.connect_accepted_socket(lambda: self._protocol(loop), sock))
@@ -183,12 +249,14 @@ class Worker(Process):
     @property
     def server(self) -> uvicorn.Server:
         if self._server is None:
-            self._server = Receiver(self.config, self.channel)
+            assert _peers is not None
+            self._server = Receiver(self.config, _peers)
         return self._server
 
     def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover
+        global _peers
         assert sockets
-        self.channel = sockets[0]
+        _peers = Peers(sockets[0])  # before the app is built: it looks for them
         super().target(sockets=None)
 
 

@@ -22,8 +22,10 @@ from steptally.service.store.protocol import Store
 from steptally.service.store.sql import SqlStore
 
 
-def open_store(settings: Settings) -> Store:
-    """The store ``settings`` describe; the caller closes it."""
+def open_store(settings: Settings, *, notify: bool | None = None) -> Store:
+    """The store ``settings`` describe; the caller closes it. ``notify``: on PostgreSQL,
+    whether each finalisation is announced to the other processes of the database
+    (unless given: whenever they do not hear each other otherwise, ``events_poll``)."""
     sql = SqlStore.from_url(
         settings.database_url,
         settings.ingest_group_max_batches,
@@ -32,7 +34,7 @@ def open_store(settings: Settings) -> Store:
         settings.ingest_group_max_wait_s,
         settings.ingest_writers,
         settings.ingest_group_linger_s,
-        notify=settings.events_poll,  # processes that do not hear each other otherwise
+        notify=settings.events_poll if notify is None else notify,
     )
     if settings.redis_url is None:
         return sql

@@ -92,6 +92,14 @@ class Subscription:
     def close(self) -> None:
         self._hub.unsubscribe(self)
 
+    def drain(self) -> bool:
+        """Drop whatever is queued, from the stream's own event loop (a degraded stream
+        reads the database once for all of it); False: the stream's end was in it."""
+        ended = False
+        while not self._queue.empty():
+            ended = self._queue.get_nowait() is None or ended
+        return not ended
+
     def end(self) -> None:
         """End the stream, from its own event loop."""
         self._queue.put_nowait(None)
@@ -242,7 +250,7 @@ async def step_events(
                 woken = await asyncio.wait_for(sub.next(), POLL_S)
             except TimeoutError:
                 woken = _WAKE
-            if woken is None:
+            if woken is None or not sub.drain():  # one read for every wake queued
                 return
             async for event in from_database():
                 yield event

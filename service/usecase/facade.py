@@ -39,9 +39,12 @@ class Service:
         clock: Callable[[], float] = time.time,
         events: EventHub | None = None,
         publisher: EventPublisher | None = None,
+        announce: Callable[[], None] | None = None,
     ) -> None:
         """``events``: this process's hub; ``publisher``: where finalisations go (the
-        hub itself unless a fan-out to other replicas is given)."""
+        hub itself unless a fan-out to other replicas is given); ``announce``: called
+        once committed finalisations are published, to tell the processes that do not
+        hear them otherwise (``steptally serve --workers N`` without Redis)."""
         self.store = store
         self.telemetry = telemetry
         self.clock = clock
@@ -49,6 +52,7 @@ class Service:
         self.runs = RunDirectory(store)
         self.events = events or EventHub()
         self.publisher: EventPublisher = publisher or self.events
+        self.announce = announce
         self.ingest = Ingest(store, self.runs, telemetry, clock, self._published)
 
     def ready(self) -> None:
@@ -146,6 +150,8 @@ class Service:
                 by_run.setdefault(f.run, []).append(_event(f.run_record, f.record))
         for run, events in by_run.items():
             self.publisher.publish(run, events)
+        if finalised and self.announce is not None:
+            self.announce()
 
 
 OpenedEvents = tuple[RunRecord, EventCursor | None]

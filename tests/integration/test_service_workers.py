@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -236,36 +237,71 @@ def test_sighup_replaces_each_worker_on_its_pair(
     assert share == dict.fromkeys(after, 4)
 
 
-def test_a_stream_hears_another_workers_finalisations_at_its_commit(
-    postgres_url: str, tmp_path: Path
-) -> None:
-    """PostgreSQL without Redis: each finalisation is announced with its commit
-    (``NOTIFY``), and every worker's streams read it then. Here the workers' poll of
-    the database is an hour (patched into them), and the stream's worker finalises
-    nothing itself (the stream holds one connection, the posts another, dealt to the
-    other worker): every step still arrives, in order, once."""
+def _poll_an_hour(tmp_path: Path) -> dict[str, str]:
+    """The environment of a service whose event streams poll the database once an hour
+    (patched into its worker processes, or into the process itself with ``alone``)."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import sys\n"
-        "if any('multiprocessing' in a for a in sys.argv):\n"
+        "import os, sys\n"
+        "worker = any('multiprocessing' in a for a in sys.argv)\n"
+        "if worker or os.environ.get('POLL_AN_HOUR') == 'all':\n"
         "    import steptally.service.usecase.events as events\n"
         "    events.POLL_S = 3600.0\n"
     )
-    service = ServedService(postgres_url, tmp_path / "serve.log")
-    service.env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    service.start("--workers", "2")
-    spec = {"name": "w", "world_size": 1, "metrics": {"a": "sum"}}
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+
+def _six_steps_heard(stream_url: str, post_url: str) -> list[int]:
+    """The steps a stream of ``stream_url`` hears while 6 one-rank steps are posted to
+    ``post_url`` to a new run: the stream's connection is opened first, the posts' after it."""
+    run = f"w{uuid.uuid4().hex[:8]}"  # the database may hold other tests' runs
+    spec = {"name": run, "world_size": 1, "metrics": {"a": "sum"}}
+    assert httpx.post(f"{post_url}/v1/runs", json=spec).status_code in (200, 201)
+    stream = Stream(f"{stream_url}/v1/runs/{run}/events")
     try:
-        assert httpx.post(f"{service.url}/v1/runs", json=spec).status_code in (200, 201)
-        stream = Stream(f"{service.url}/v1/runs/w/events")
-        try:
-            time.sleep(0.5)  # the stream's connection dealt first
-            with httpx.Client(base_url=service.url, timeout=10) as http:
-                for step in range(6):
-                    assert http.post("/v1/runs/w/fragments", json=_one_rank_step(step)).is_success
-            got = [orjson.loads(e["data"])["step"] for e in stream.take(6, timeout=20)]
-            assert stream.nothing_more(1.0)
-        finally:
-            stream.close()
+        time.sleep(0.5)  # the stream's connection dealt first
+        with httpx.Client(base_url=post_url, timeout=10) as http:
+            for step in range(6):
+                assert http.post(f"/v1/runs/{run}/fragments", json=_one_rank_step(step)).is_success
+        got = [orjson.loads(e["data"])["step"] for e in stream.take(6, timeout=20)]
+        assert stream.nothing_more(1.0)
+    finally:
+        stream.close()
+    return got
+
+
+def test_a_stream_hears_another_workers_finalisations_at_once(db_url: str, tmp_path: Path) -> None:
+    """Without Redis, a worker that finalises steps says so to the parent, which tells
+    the other workers, and their streams read the steps then. Here the workers' poll of
+    the database is an hour, and the stream's worker finalises nothing itself (the
+    stream holds one connection, the posts another, dealt to the other worker): every
+    step still arrives, in order, once, on SQLite as on PostgreSQL."""
+    service = ServedService(db_url, tmp_path / "serve.log")
+    service.env = _poll_an_hour(tmp_path)
+    service.start("--workers", "2")
+    try:
+        got = _six_steps_heard(service.url, service.url)
+        workers = _workers(service.proc.pid) if service.proc else []
     finally:
         service.stop(signal.SIGTERM)
+    assert len(workers) == 2
+    assert got == list(range(6))
+
+
+def test_a_stream_hears_another_replicas_finalisations_at_their_commit(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Replicas of one PostgreSQL database without Redis (``STEPTALLY_EVENTS_POLL``):
+    each finalisation is announced with its commit (``NOTIFY``), and every replica's
+    streams read it then. The replicas' poll of the database is an hour; the stream is
+    on one replica, the posts go to the other: every step arrives, in order, once."""
+    env = {**_poll_an_hour(tmp_path), "POLL_AN_HOUR": "all", "STEPTALLY_EVENTS_POLL": "true"}
+    replicas = [ServedService(postgres_url, tmp_path / f"serve{i}.log") for i in range(2)]
+    try:
+        for replica in replicas:
+            replica.env = env
+            replica.start()
+        got = _six_steps_heard(replicas[0].url, replicas[1].url)
+    finally:
+        for replica in replicas:
+            replica.stop(signal.SIGTERM)
     assert got == list(range(6))
