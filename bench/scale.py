@@ -99,11 +99,13 @@ class Config:
     redis: bool
     replicas: int
     workers: int = 1  # steptally serve --workers N, each replica
+    cpus: str | None = None  # steptally serve --cpus, each replica
 
-    def with_workers(self, workers: int) -> Config:
-        if workers == 1:
-            return self
-        return Config(f"{self.name} {workers}w", self.db, self.redis, self.replicas, workers)
+    def serving(self, workers: int, cpus: str | None) -> Config:
+        """This configuration served by ``--workers workers`` (and ``--cpus cpus``)."""
+        name = self.name + (f" {workers}w" if workers > 1 else "")
+        name += f" cpus={cpus}" if cpus is not None else ""
+        return Config(name, self.db, self.redis, self.replicas, workers, cpus)
 
 
 CONFIGS = {
@@ -121,6 +123,7 @@ COLUMNS = [
     "redis",
     "replicas",
     "workers",
+    "cpus",
     "ranks",
     "steps",
     "rank_steps",
@@ -194,13 +197,18 @@ def _env(redis_prefix: str | None) -> dict[str, str]:
 
 @contextmanager
 def replicas(
-    url: str, n: int, redis_prefix: str | None, logs: Path, workers: int = 1
+    url: str,
+    n: int,
+    redis_prefix: str | None,
+    logs: Path,
+    workers: int = 1,
+    cpus: str | None = None,
 ) -> Iterator[list[Replica]]:
     """``n`` ``steptally serve --workers workers`` processes on one migrated database,
-    each on its port."""
+    each on its port (and on the cores ``cpus``, given)."""
     exe = [sys.executable, "-m", "steptally.service.cli"]
     serve = [*exe, "serve", "--database-url", url, "--host", "127.0.0.1", "--workers"]
-    serve += [str(workers), "--port"]
+    serve += [str(workers), *(["--cpus", cpus] if cpus is not None else []), "--port"]
     env = _env(redis_prefix)
     migrated = subprocess.run([*exe, "migrate", "--database-url", url], capture_output=True)
     if migrated.returncode != 0:
@@ -612,7 +620,7 @@ def measure(
     with (
         tempfile.TemporaryDirectory() as logs,
         database(config.db) as url,
-        replicas(url, config.replicas, prefix, Path(logs), config.workers) as servers,
+        replicas(url, config.replicas, prefix, Path(logs), config.workers, config.cpus) as servers,
     ):
         backends = Backends(url)
         try:
@@ -657,6 +665,7 @@ def measure(
         "redis": int(config.redis),
         "replicas": config.replicas,
         "workers": config.workers,
+        "cpus": config.cpus or "",
         "ranks": ranks,
         "steps": steps,
         "rank_steps": done,
@@ -820,6 +829,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--workers", type=int, nargs="+", default=[1], help="steptally serve --workers, each"
     )
+    p.add_argument(
+        "--cpus",
+        nargs="+",
+        default=["-"],
+        help="steptally serve --cpus, each (a Linux CPU list; -: unset), e.g. - 1",
+    )
     p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
     p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
     p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
@@ -837,7 +852,7 @@ def main(argv: list[str] | None = None) -> None:
         pgw = pushgateway_rate(ranks, args)
         log(f"{'Pushgateway':>17} {ranks:>5} ranks: {pgw:7.1f} rank-steps/s")
         for name in args.configs:
-            for workers in args.workers:
+            for workers, cpus in ((w, c) for w in args.workers for c in args.cpus):
                 vm = victoria_rate(ranks, steps, args)  # beside each row: the load drifts
                 vm_stored = victoria_rate(ranks, steps, args, stored=True)
                 for label, v in (("new series", vm), ("stored series", vm_stored)):
@@ -847,7 +862,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"{v.cpu_us_per_value:.1f} µs CPU/value, machine "
                         f"{100 * v.busy_share:.0f} % busy"
                     )
-                config = CONFIGS[name].with_workers(workers)
+                config = CONFIGS[name].serving(workers, None if cpus == "-" else cpus)
                 row = measure(config, ranks, steps, pgw, vm, vm_stored, args)
                 rows.append(row)
                 progress(row)

@@ -91,6 +91,13 @@ def serve(
     workers: Annotated[
         int, typer.Option(min=1, help="Server processes (all share the database).")
     ] = 1,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Cores to run on, a Linux CPU list (1, 0-3): one process on all of them, "
+            "or each of --workers N alone on one, in turn."
+        ),
+    ] = None,
 ) -> None:
     """Run the aggregation service (refuses an unmigrated database).
 
@@ -99,10 +106,15 @@ def serve(
     its row lock, so any number of processes answer alike.
     """
     from steptally.service.serving import serve as serve_until_stopped
+    from steptally.service.serving import unusable_cpus
     from steptally.service.store.engine import make_engine
     from steptally.service.store.migration import check_current
 
-    settings = settings_with(database_url=database_url, host=host, port=port)
+    settings = settings_with(database_url=database_url, host=host, port=port, cpus=cpus)
+    unusable, usable = unusable_cpus(settings)
+    if unusable:
+        listed = ", ".join(str(c) for c in unusable)
+        _fail(f"cannot serve on core {listed}: this process may run on {usable}")
     try:
         engine = make_engine(settings.database_url, database_limits(settings))
         check_current(engine, settings.database_url)

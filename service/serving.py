@@ -10,6 +10,14 @@ the same way forever, and :func:`serve` returns that status, so ``steptally serv
 The parent accepts the connections and deals each one out to the worker holding the
 fewest (``service/workers.py``), so that a job's reporters, which keep their
 connections for the whole run, load every worker alike.
+
+With ``cpus`` set (``--cpus``), the service runs on those cores only: one process on
+all of them, or worker i alone on the i-th (round robin), with every thread it starts.
+A serving process is bound by its interpreter lock to about one core's work, and its
+event loop and writer threads hand that lock to each other several times a request:
+kept on one core, each hand-over wakes a thread there instead of on another core, which
+on the 2-core development machine cost the event loop ~25 % more CPU a request
+(bench/README.md, Scale).
 """
 
 from __future__ import annotations
@@ -24,15 +32,30 @@ from pydantic import ValidationError
 from uvicorn.config import STARTUP_FAILURE
 
 from steptally.service.api.direct import LaneProtocol
-from steptally.service.settings import Settings
+from steptally.service.settings import Settings, cpu_list
 from steptally.service.workers import Spread, listener
 
 APP_FACTORY = "steptally.service.serving:worker_app"
 
 
+def unusable_cpus(settings: Settings) -> tuple[list[int], str]:
+    """The cores of ``settings.cpus`` this process may not run on, and a description of
+    those it may (``sched_getaffinity``): none where ``cpus`` is unset."""
+    if settings.cpus is None:
+        return [], ""
+    if not hasattr(os, "sched_getaffinity"):
+        return list(cpu_list(settings.cpus)), "none: this system does not pin processes to cores"
+    allowed = os.sched_getaffinity(0)
+    shown = ",".join(str(c) for c in sorted(allowed))
+    return [c for c in cpu_list(settings.cpus) if c not in allowed], f"cores {shown}"
+
+
 def serve(settings: Settings, workers: int) -> int:
     """Serve until stopped; the exit status (non-zero: the service never started)."""
+    cpus = cpu_list(settings.cpus) if settings.cpus is not None else None
     if workers == 1:
+        if cpus is not None:  # before any thread starts: each inherits it
+            os.sched_setaffinity(0, cpus)
         from steptally.service.app import create_app
 
         app = create_app(settings)
@@ -60,7 +83,7 @@ def serve(settings: Settings, workers: int) -> int:
         where = f"{settings.host}:{settings.port}"
         print(f"steptally: cannot listen on {where}: {exc.strerror}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
-    supervisor = Spread(config, sock)
+    supervisor = Spread(config, sock, cpus)
     supervisor.run()
     failed = [p for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
     return STARTUP_FAILURE if failed else 0

@@ -85,6 +85,17 @@ class Settings(BaseSettings):
     max_derived_chain: int = Field(default=16, ge=1, le=100)
     # /metrics shows the runs that registered or finalised a step within this window
     metrics_window_s: float = Field(default=86_400.0, gt=0, allow_inf_nan=False)
+    # the cores `steptally serve` runs on, as a Linux CPU list ("1", "0,2", "0-3"); unset,
+    # wherever the system puts it. One process runs on all of them; with `--workers N`,
+    # worker i runs alone on the i-th, round robin (service/serving.py; docs/deploy.md)
+    cpus: str | None = None
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, text: str | None) -> str | None:
+        if text is not None:
+            cpu_list(text)  # a ValueError says what is wrong with it
+        return text
 
     @field_validator("database_url")
     @classmethod
@@ -94,6 +105,28 @@ class Settings(BaseSettings):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         return url
+
+
+MAX_CORES = 1 << 16  # Linux's own bound on CPU numbers is lower
+
+
+def cpu_list(text: str) -> tuple[int, ...]:
+    """The cores of a Linux CPU list ("0,2-3": 0, 2, 3), in the order written."""
+    cores: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not (first.isdigit() and (last.isdigit() if dash else not last)):
+            raise ValueError(f"{part.strip()!r} is not a core or a range of cores (0, 2-3)")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"the range {part.strip()!r} runs backwards")
+        if high >= MAX_CORES:
+            raise ValueError(f"core {high} is past the last a machine has ({MAX_CORES - 1})")
+        for core in range(low, high + 1):
+            if core in cores:
+                raise ValueError(f"core {core} is listed twice")
+            cores.append(core)
+    return tuple(cores)
 
 
 def run_limits(settings: Settings) -> RunLimits:

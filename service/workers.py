@@ -30,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import selectors
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -241,10 +242,12 @@ class Receiver(uvicorn.Server):
 
 
 class Worker(Process):
-    """uvicorn's worker process, serving what the parent deals it on ``channel``."""
+    """uvicorn's worker process, serving what the parent deals it on ``channel``, on
+    core ``cpu`` alone if given (with every thread it starts)."""
 
-    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
+    def __init__(self, config: uvicorn.Config, channel: socket.socket, cpu: int | None) -> None:
         super().__init__(config, [channel])
+        self.cpu = cpu
 
     @property
     def server(self) -> uvicorn.Server:
@@ -256,6 +259,8 @@ class Worker(Process):
     def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover
         global _peers
         assert sockets
+        if self.cpu is not None:  # before any thread starts: each inherits it
+            os.sched_setaffinity(0, [self.cpu])
         _peers = Peers(sockets[0])  # before the app is built: it looks for them
         super().target(sockets=None)
 
@@ -263,15 +268,23 @@ class Worker(Process):
 class Spread(Multiprocess):
     """uvicorn's supervisor (start, watch, restart and stop the workers) with a
     :class:`Dealer` in front of them: worker ``i`` is started, and started again, on
-    pair ``i``."""
+    pair ``i`` (and on ``cpus[i]``, round robin, when given)."""
 
-    def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
+    def __init__(
+        self, config: uvicorn.Config, sock: socket.socket, cpus: Sequence[int] | None = None
+    ) -> None:
         super().__init__(config, [])
         self.dealer = Dealer(sock, config.workers)
+        self.cpus = cpus
+
+    def worker(self, i: int) -> Worker:
+        """Worker ``i``, not yet started."""
+        cpu = self.cpus[i % len(self.cpus)] if self.cpus else None
+        return Worker(self.config, self.dealer.theirs[i], cpu)
 
     def init_processes(self) -> None:
-        for theirs in self.dealer.theirs:
-            process = Worker(self.config, theirs)
+        for i in range(len(self.dealer.theirs)):
+            process = self.worker(i)
             process.start()
             self.processes.append(process)
         self.dealer.start()
@@ -293,7 +306,7 @@ class Spread(Multiprocess):
                 return
             LOG.info("worker %s died; starting another in its place", process.pid)
             self.dealer.forget(i)
-            process = Worker(self.config, self.dealer.theirs[i])
+            process = self.worker(i)
             process.start()
             self.processes[i] = process
 
@@ -303,7 +316,7 @@ class Spread(Multiprocess):
         for i, old in enumerate(self.processes):
             if self.should_exit.is_set():
                 return
-            new = Worker(self.config, self.dealer.theirs[i])
+            new = self.worker(i)
             new.start()
             if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
                 new.kill()

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from support.served import ServedService
 
 from tests.integration.test_events import Stream
@@ -305,3 +306,73 @@ def test_a_stream_hears_another_replicas_finalisations_at_their_commit(
         for replica in replicas:
             replica.stop(signal.SIGTERM)
     assert got == list(range(6))
+
+
+def _cores_of_threads(pid: int) -> list[set[int]]:
+    """The cores each thread of process ``pid`` may run on."""
+    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+def test_one_process_runs_on_the_cores_it_is_given(
+    tmp_path: Path, serve: Callable[..., ServedService]
+) -> None:
+    """``--cpus``: every thread of the process, the writers started by the first batch
+    included, runs on the cores given, and nowhere else."""
+    core = max(os.sched_getaffinity(0))
+    service = serve(f"sqlite:///{tmp_path}/one.sqlite3", "--cpus", str(core))
+    assert service.proc is not None
+    spec = {"name": "p", "world_size": 1, "metrics": {"a": "sum"}}
+    try:
+        assert httpx.post(f"{service.url}/v1/runs", json=spec).status_code in (200, 201)
+        answer = httpx.post(f"{service.url}/v1/runs/p/fragments", json=_one_rank_step(0))
+        assert answer.status_code == 200, answer.text
+        threads = _cores_of_threads(service.proc.pid)
+    finally:
+        service.stop(signal.SIGTERM)
+    assert len(threads) >= 3  # the event loop and the writers
+    assert all(cores == {core} for cores in threads)
+
+
+def test_each_worker_runs_alone_on_its_core_and_its_replacement_too(
+    tmp_path: Path, serve: Callable[..., ServedService]
+) -> None:
+    """``--workers 2 --cpus a,b``: worker 0 on a, worker 1 on b, every thread of each;
+    a worker killed is replaced on its core."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs a machine with two cores this process may run on")
+    a, b = allowed[-2:]
+    service = serve(f"sqlite:///{tmp_path}/two.sqlite3", "--workers", "2", "--cpus", f"{a},{b}")
+    assert service.proc is not None
+    try:
+        first = _workers(service.proc.pid)
+        before = {pid: _cores_of_threads(pid) for pid in first}
+        on_b = next(pid for pid, threads in before.items() if threads[0] == {b})
+        os.kill(on_b, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while len(now := [p for p in _workers(service.proc.pid) if p not in first]) < 1:
+            assert time.monotonic() < deadline, "the worker was not replaced"
+            time.sleep(0.1)
+        time.sleep(1.0)  # its threads started
+        after = _cores_of_threads(now[0])
+    finally:
+        service.stop(signal.SIGTERM)
+    assert sorted(threads[0] == {a} for threads in before.values()) == [False, True]
+    assert all(len({frozenset(c) for c in threads}) == 1 for threads in before.values())
+    assert all(cores == {b} for cores in after)
+
+
+def test_cores_the_process_may_not_run_on_are_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/refused.sqlite3"
+    ServedService.cli("migrate", "--database-url", url)
+    shown = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    done = ServedService.cli("serve", "--database-url", url, "--cpus", "4095", check=False)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"steptally: cannot serve on core 4095: this process may run on cores {shown}"
+    ]
+    done = ServedService.cli("serve", "--database-url", url, "--cpus", "1,0-1", check=False)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "steptally: invalid setting cpus: Value error, core 1 is listed twice"
+    ]

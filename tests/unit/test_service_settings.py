@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from steptally.service import errors
-from steptally.service.settings import Settings
+from steptally.service.settings import Settings, cpu_list
 
 
 def test_auth_is_off_and_the_rate_limit_on_by_default(
@@ -67,3 +68,34 @@ def test_every_contract_code_has_its_status() -> None:
         found[cls.code] = cls.status
         stack.extend(cls.__subclasses__())
     assert {code: found.get(code) for code in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"), [("1", (1,)), ("0,2-3", (0, 2, 3)), ("3, 0-1", (3, 0, 1)), ("5-5", (5,))]
+)
+def test_a_cpu_list_names_its_cores_in_the_order_written(text: str, cores: tuple[int]) -> None:
+    assert cpu_list(text) == cores
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "'' is not a core or a range of cores"),
+        ("a", "'a' is not a core or a range of cores"),
+        ("-1", "'-1' is not a core or a range of cores"),
+        ("0-", "'0-' is not a core or a range of cores"),
+        ("1,,2", "'' is not a core or a range of cores"),
+        ("3-1", "the range '3-1' runs backwards"),
+        ("0-1,1", "core 1 is listed twice"),
+        ("0-70000", "core 70000 is past the last a machine has (65535)"),
+    ],
+)
+def test_a_cpu_list_that_is_not_one_is_refused_with_why(
+    text: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        cpu_list(text)
+    monkeypatch.setenv("STEPTALLY_DATABASE_URL", f"sqlite:///{tmp_path}/db.sqlite3")
+    monkeypatch.setenv("STEPTALLY_CPUS", text)
+    with pytest.raises(ValueError, match=re.escape(why)):
+        Settings()
