@@ -49,6 +49,7 @@ Usage:
     python bench/scale.py                 # 8, 64, 512, 4096 ranks × 4 configurations
     python bench/scale.py --quick         # 8 and 64 ranks, SQLite only (< 1 minute)
     python bench/scale.py --ranks 8 64 --configs sqlite postgres
+    python bench/scale.py --ranks 256 --configs postgres --cpus - 1   # unpinned, then on core 1
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ class Dealer:
         self.ends = [ours for ours, _ in pairs]  # the parent's end of each pair
         self.theirs = [theirs for _, theirs in pairs]  # kept open for a worker started again
         self.held = [0] * workers  # connections dealt to each and not yet closed
+        self._held_lock = threading.Lock()  # the dealer's thread, and the supervisor's
         self._next = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._deal, name="steptally-dealer", daemon=True)
@@ -128,7 +129,8 @@ class Dealer:
         finalised = False
         with contextlib.suppress(OSError):  # none waiting (or the pair unreadable)
             while notes := self.ends[i].recv(4096, socket.MSG_DONTWAIT):
-                self.held[i] -= notes.count(CLOSED)
+                with self._held_lock:
+                    self.held[i] -= notes.count(CLOSED)
                 finalised = finalised or FINALISED in notes
         if finalised:
             for j, end in enumerate(self.ends):
@@ -140,10 +142,14 @@ class Dealer:
         """Worker ``i`` died, and its connections with it (the closes it noted first
         are read, so that none counts against its replacement)."""
         self._read_notes(i)
-        self.held[i] = 0
+        with self._held_lock:
+            self.held[i] = 0
 
     def pick(self) -> int:
-        """The worker to deal the next connection to."""
+        """The worker to deal the next connection to (after reading the notes waiting:
+        a close noted as the connection came in counts)."""
+        for i in range(len(self.ends)):
+            self._read_notes(i)
         n = len(self.held)
         order = [(self._next + k) % n for k in range(n)]
         chosen = min(order, key=lambda i: self.held[i])  # the first in turn among equals
@@ -177,7 +183,8 @@ class Dealer:
             i = self.pick()
             try:
                 socket.send_fds(self.ends[i], [CONNECTION], [conn.fileno()])
-                self.held[i] += 1
+                with self._held_lock:
+                    self.held[i] += 1
             except Exception as exc:  # this connection is lost; the next ones are not
                 LOG.warning("cannot pass a connection to worker %d: %s", i, exc)
 

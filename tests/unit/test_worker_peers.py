@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import Any
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
 from steptally.service.usecase.events import EventCursor, EventHub, StepEvent, step_events
 from steptally.service.workers import CLOSED, FINALISED, Dealer, Peers
+
+T = TypeVar("T")
 
 
 def _nothing_waiting(sock: socket.socket) -> bool:
@@ -80,6 +84,13 @@ class _Database:
         return [e for e in self.steps if e.cursor > after][:limit]
 
 
+def _run(scenario: Coroutine[Any, Any, T]) -> T:
+    """``scenario`` on an event loop of its own, in a thread of its own (this thread may
+    have one running: the browser tests' Playwright leaves its loop set)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, scenario).result()
+
+
 def _event(step: int) -> StepEvent:
     return StepEvent(EventCursor(time.time(), step, 1), {"step": step})
 
@@ -100,7 +111,7 @@ def test_a_degraded_stream_reads_once_for_every_wake_queued() -> None:
             await asyncio.wait_for(anext(stream), 0.2)
         return got, database.reads
 
-    got, reads = asyncio.run(scenario())
+    got, reads = _run(scenario())
     assert got == [0, 1, 2]
     assert reads == 1
 
@@ -119,4 +130,4 @@ def test_a_degraded_stream_ends_when_its_end_is_queued_behind_a_wake() -> None:
             await anext(stream)
         return database.reads
 
-    assert asyncio.run(scenario()) == 0
+    assert _run(scenario()) == 0
