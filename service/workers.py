@@ -41,6 +41,8 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 from uvicorn.supervisors.multiprocess import Process
 
+from steptally.service.background import Background
+
 LOG = logging.getLogger("uvicorn.error")  # where uvicorn's supervisor says the same
 #: a worker's note on its pair that a connection it was dealt has closed
 CLOSED = b"-"
@@ -95,10 +97,12 @@ def listener(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
-class Dealer:
-    """The parent's accepting thread: each connection to the worker holding the fewest."""
+class Dealer(Background):
+    """The parent's accepting thread: each connection to the worker holding the fewest.
+    Stopped, it accepts no more connections (those queued stay in the socket's backlog)."""
 
     def __init__(self, sock: socket.socket, workers: int) -> None:
+        super().__init__("steptally-dealer")
         self.sock = sock
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(workers)]
         self.ends = [ours for ours, _ in pairs]  # the parent's end of each pair
@@ -106,17 +110,6 @@ class Dealer:
         self.held = [0] * workers  # connections dealt to each and not yet closed
         self._held_lock = threading.Lock()  # the dealer's thread, and the supervisor's
         self._next = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._deal, name="steptally-dealer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Accept no more connections (those queued stay in the socket's backlog)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def close(self) -> None:
         self.stop()
@@ -156,14 +149,14 @@ class Dealer:
         self._next = (chosen + 1) % n
         return chosen
 
-    def _deal(self) -> None:
+    def run(self) -> None:
         """Accept connections and read the workers' notes as they come."""
         self.sock.setblocking(False)
         with selectors.DefaultSelector() as selector:
             selector.register(self.sock, selectors.EVENT_READ, -1)
             for i, end in enumerate(self.ends):
                 selector.register(end, selectors.EVENT_READ, i)
-            while not self._stop.is_set():  # looked at every 0.5 s at least
+            while not self.stopping.is_set():  # looked at every 0.5 s at least
                 for key, _ in selector.select(0.5):
                     if key.data < 0:
                         self._accept()
@@ -177,7 +170,7 @@ class Dealer:
             return
         except OSError as exc:  # out of descriptors: go on
             LOG.warning("cannot accept a connection: %s", exc)
-            self._stop.wait(0.05)
+            self.stopping.wait(0.05)
             return
         with conn:
             i = self.pick()

@@ -16,11 +16,11 @@ while the listener reconnects is read at the next one, as before.
 from __future__ import annotations
 
 import logging
-import threading
 
 import psycopg
 from sqlalchemy.engine import make_url
 
+from steptally.service.background import Background
 from steptally.service.store.sql_postgres import FINALISED_CHANNEL
 from steptally.service.usecase.events import EventHub
 
@@ -34,32 +34,23 @@ def conninfo(database_url: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
-class FinalisedWake:
+class FinalisedWake(Background):
     """A thread that listens for finalisations and wakes ``hub``'s streams."""
 
     def __init__(self, database_url: str, hub: EventHub) -> None:
+        super().__init__("steptally-wake")
         self._conninfo = conninfo(database_url)
         self._hub = hub
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, name="steptally-wake", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _listen(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while not self.stopping.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {FINALISED_CHANNEL}")
                     self._hub.wake()  # whatever was finalised while it was not listening
-                    while not self._stop.is_set():
+                    while not self.stopping.is_set():
                         for _ in conn.notifies(timeout=0.5):
                             self._hub.wake()
             except psycopg.Error as exc:
                 LOG.warning("not listening for other processes' finalisations: %s", exc)
-                self._stop.wait(RECONNECT_S)
+                self.stopping.wait(RECONNECT_S)
