@@ -9,7 +9,8 @@ talks to. A dialect brings:
   commit is an fsync, and on PostgreSQL every statement a round trip's worth of work,
   that grouping saves), and ``default_writers``: how many writer threads take the
   groups (2 on both: SQLite's writers take turns, one syncing its commit while the next
-  runs its statements; PostgreSQL's run side by side; see ``bench/README.md``, Scale);
+  runs its statements; PostgreSQL's run side by side; a process on one core starts one:
+  :func:`~.sql.writers_for`; see ``bench/README.md``, Scale);
 * ``writer_connection`` and ``sync``: a writer thread's own connection, and what makes
   its commits durable before the group's batches are answered (SQLite syncs its WAL
   once a group, outside the writer lock; PostgreSQL's commit is durable);

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -57,6 +58,21 @@ from steptally.service.store.sql_step import RunKey, finalise_row, lock_step
 log = logging.getLogger(__name__)
 
 
+def writers_for(default: int, cores: int | None = None) -> int:
+    """How many writer threads a store starts unless told: the database's ``default``,
+    or one when the process may run on one core only (``serve --cpus``, ``taskset``, a
+    container of one CPU; ``cores``: how many it may run on, its affinity unless given).
+
+    On one core a second writer cannot run its statements beside the first's, only take
+    turns with it — and each turn costs a thread switch and, on SQLite, the page cache of
+    the connection that did not write last. Measured one process on one core, one writer
+    took 3–12 % more rank-steps/s than two at 8, 256 and 4096 ranks on both databases,
+    and workers each on a core of their own the same either way (bench/README.md, Scale)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    return 1 if cores == 1 else default
+
+
 class SqlStore:
     """:class:`~steptally.service.store.protocol.Store` over one SQLAlchemy engine."""
 
@@ -73,7 +89,8 @@ class SqlStore:
         1 turns grouping off); ``group_max_wait_s`` bounds a writer's wait for more
         batches, ``group_linger_s`` its wait for the rest of a burst (see
         :mod:`.group_commit`); ``writers`` None, the database's number of writer
-        threads."""
+        threads, or one in a process that may run on one core only
+        (:func:`writers_for`)."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
@@ -88,7 +105,7 @@ class SqlStore:
             self.group_max_batches,
             group_max_bytes,
             group_max_wait_s,
-            writers or self.dialect.default_writers,
+            writers or writers_for(self.dialect.default_writers),
             linger_s=group_linger_s,
         )
         # told, on the writer thread, of every group that committed (Redis coordination)

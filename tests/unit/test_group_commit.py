@@ -281,3 +281,12 @@ def test_a_burst_wakes_its_lingering_writer_at_its_first_and_last_batch() -> Non
     assert counted.notified == 2
     assert fake.groups == [list(range(8))]  # one group, as before
     group.close()
+
+
+def test_one_writer_on_one_core_else_the_default() -> None:
+    from steptally.service.store.sql import writers_for
+
+    assert writers_for(2, cores=1) == 1
+    assert writers_for(2, cores=2) == 2
+    assert writers_for(4, cores=16) == 4
+    assert writers_for(1, cores=8) == 1
