@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     # this long of the one before (0: never; service/store/group_commit.py)
     ingest_group_linger_s: float = Field(default=0.0003, ge=0, le=0.1)
     # threads that store the groups, each on its own connection. Unset: 2 (SQLite: they
-    # take turns, one syncing its commit while the other runs its statements)
+    # take turns, one syncing its commit while the other runs its statements), or 1 in a
+    # process that may run on one core only (service/store/sql.py, writers_for)
     ingest_writers: int | None = Field(default=None, ge=1, le=64)
     # every wait on the database is bounded (service/store/engine.py): a hung database
     # answers 503 unavailable with Retry-After; /readyz answers within its own timeout
