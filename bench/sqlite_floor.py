@@ -12,10 +12,12 @@ SQLite's and the kernel's work for it) and the wall time, a group and a body.
 
 Usage:
     python bench/sqlite_floor.py
+    python bench/sqlite_floor.py --steps 4    # quick
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sqlite3
 import subprocess
@@ -25,6 +27,7 @@ import time
 
 BODY = os.urandom(2048)  # a body's fragment row: 8 × 32 values
 STATE = os.urandom(800)  # a pair's partial state
+TABLES = ("fragments", "commits", "partials")
 
 
 def group(db: sqlite3.Connection, wal: str, step: int, first: int, n: int, sync: bool) -> None:
@@ -58,7 +61,10 @@ def group(db: sqlite3.Connection, wal: str, step: int, first: int, n: int, sync:
             os.close(fd)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=40, help="steps of 256 ranks, each case")
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/floor.sqlite3"
         migrate = [sys.executable, "-m", "steptally.service.cli", "migrate"]
@@ -72,13 +78,15 @@ def main() -> None:
         for n, sync in ((1, False), (1, True), (8, False), (8, True)):
             groups, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
             base = 1000 * n + (500 if sync else 0)  # steps of their own
-            for step in range(40):
+            for step in range(args.steps):
                 for first in range(0, 256, n):
                     group(db, f"{path}-wal", base + step, first, n, sync)
                     groups += 1
             cpu = 1e6 * (time.thread_time() - cpu0) / groups
             wall = 1e6 * (time.perf_counter() - wall0) / groups
             print(f"| {n} | {'yes' if sync else 'no'} | {cpu:.0f} | {wall:.0f} | {cpu / n:.0f} |")
+        counts = [db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES]
+        print("rows: " + ", ".join(f"{t} {n}" for t, n in zip(TABLES, counts, strict=True)))
         db.close()
 
 

@@ -1,5 +1,6 @@
 """``bench/group_cost.py`` end to end on SQLite: groups of the sizes asked for, stored
-through the writer's path, each size's row in the CSV; and its line fit."""
+through the writer's path, each size's row in the CSV; and its line fit. And
+``bench/sqlite_floor.py``, the floor under it: every group's rows stored."""
 
 from __future__ import annotations
 
@@ -44,3 +45,24 @@ def test_group_cost_stores_groups_of_each_size(tmp_path: Path) -> None:
     assert all(float(r["db_ms"]) == 0.0 for r in rows)  # SQLite works in the writer's thread
     assert (tmp_path / "group_cost_sqlite_8.png").stat().st_size > 0
     assert "writer_ms:" in done.stdout
+
+
+def test_sqlite_floor_stores_every_groups_rows() -> None:
+    script = SCRIPT.parent / "sqlite_floor.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--steps", "2"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    table = [
+        line.split("|")[1:-1] for line in lines if line.startswith("| ") and "bodies" not in line
+    ]
+    assert [(int(r[0]), r[1].strip()) for r in table] == [
+        (1, "no"),
+        (1, "yes"),
+        (8, "no"),
+        (8, "yes"),
+    ]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in table)
+    # 4 cases × 2 steps × 256 ranks, one row of each table a body
+    assert lines[-1] == "rows: fragments 2048, commits 2048, partials 2048"
