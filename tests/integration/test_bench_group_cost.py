@@ -1,6 +1,6 @@
 """``bench/group_cost.py`` end to end on SQLite: groups of the sizes asked for, stored
 through the writer's path, each size's row in the CSV; and its line fit. And
-``bench/sqlite_floor.py``, the floor under it: every group's rows stored."""
+``bench/store_floor.py``, the floor under it: every group's rows stored, on both stores."""
 
 from __future__ import annotations
 
@@ -47,11 +47,13 @@ def test_group_cost_stores_groups_of_each_size(tmp_path: Path) -> None:
     assert "writer_ms:" in done.stdout
 
 
-def test_sqlite_floor_stores_every_groups_rows() -> None:
-    script = SCRIPT.parent / "sqlite_floor.py"
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_store_floor_stores_every_groups_rows(db: str) -> None:
+    script = SCRIPT.parent / "store_floor.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--steps", "2"], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, str(script), "--db", db, "--steps", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     table = [
@@ -63,6 +65,8 @@ def test_sqlite_floor_stores_every_groups_rows() -> None:
         (8, "no"),
         (8, "yes"),
     ]
-    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in table)
+    assert all(float(r[2]) > 0 and float(r[4]) > 0 for r in table)
+    # the database's own CPU: PostgreSQL's backend; SQLite works in this thread
+    assert all((float(r[3]) > 0) == (db == "postgres") for r in table)
     # 4 cases × 2 steps × 256 ranks, one row of each table a body
     assert lines[-1] == "rows: fragments 2048, commits 2048, partials 2048"
