@@ -19,13 +19,23 @@ def main_thread_cpu_s(pid: int) -> float:
     return _stat_cpu_s(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
+def thread_cpu_s(pid: int, tid: int) -> tuple[float, float]:
+    """User and system CPU seconds of thread ``tid`` of process ``pid`` ((0.0, 0.0) once
+    it is gone)."""
+    return _stat_times(Path(f"/proc/{pid}/task/{tid}/stat"))
+
+
 def _stat_cpu_s(path: Path) -> float:
+    return sum(_stat_times(path))
+
+
+def _stat_times(path: Path) -> tuple[float, float]:
     try:
         stat = path.read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return 0.0
+        return 0.0, 0.0
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
+    return int(fields[11]) * TICK_S, int(fields[12]) * TICK_S  # utime, stime
 
 
 def family(pid: int) -> list[int]:

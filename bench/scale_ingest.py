@@ -34,23 +34,17 @@ from ingest import database, spec  # the ingest benchmark's
 from loadgen import blast
 from scale import METRICS, RUN, WARM, Backends, Window, ingest_jobs, prepared, replicas
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def threads(pid: int) -> Counter[str]:
     """CPU seconds of the process family of ``pid``: its main threads' and the others',
     user and system apart; and their read and write system calls."""
     out: Counter[str] = Counter()
     for p in procstat.family(pid):
-        for tid in os.listdir(f"/proc/{p}/task"):
-            try:
-                stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
-            except FileNotFoundError:  # ended meanwhile
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            kind = "loop" if tid == str(p) else "other"
-            out[f"{kind}_user"] += int(fields[11]) / TICK
-            out[f"{kind}_system"] += int(fields[12]) / TICK
+        for tid in map(int, os.listdir(f"/proc/{p}/task")):
+            user, system = procstat.thread_cpu_s(p, tid)  # 0.0 for one that ended meanwhile
+            kind = "loop" if tid == p else "other"
+            out[f"{kind}_user"] += user
+            out[f"{kind}_system"] += system
         io = dict(line.split(": ") for line in Path(f"/proc/{p}/io").read_text().splitlines())
         out["reads"] += int(io["syscr"])
         out["writes"] += int(io["syscw"])

@@ -64,3 +64,31 @@ def test_the_main_threads_cpu_is_told_apart_from_the_others() -> None:
     assert main1 - main0 < 0.1  # the main thread only waited
     spin(0.3)
     assert procstat.main_thread_cpu_s(os.getpid()) - main1 >= 0.2
+
+
+def test_a_threads_user_cpu_is_its_own_and_zero_once_it_ended() -> None:
+    tids: list[int] = []
+    spun = threading.Event()
+    release = threading.Event()
+
+    def spin() -> None:
+        tids.append(threading.get_native_id())
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        release.wait(30)
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        assert spun.wait(30)
+        user, system = procstat.thread_cpu_s(os.getpid(), tids[0])
+        assert user + system >= 0.2  # reading the thread's clock is a system call
+        assert user > 0.0
+        main_user, _ = procstat.thread_cpu_s(os.getpid(), os.getpid())
+        assert procstat.main_thread_cpu_s(os.getpid()) >= main_user
+    finally:
+        release.set()
+        worker.join()
+    assert procstat.thread_cpu_s(os.getpid(), tids[0]) == (0.0, 0.0)
