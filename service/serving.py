@@ -100,7 +100,10 @@ def worker_app() -> FastAPI:
         if isinstance(exc, ValidationError):
             first = exc.errors()[0]
             reason = f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        print(f"steptally: a worker cannot start: {reason}", file=sys.stderr, flush=True)
+        # one write of the whole line: the other workers meet the same error at the same
+        # moment, and print's two writes (text, then newline) would interleave with theirs
+        sys.stderr.write(f"steptally: a worker cannot start: {reason}\n")
+        sys.stderr.flush()
         sys.exit(STARTUP_FAILURE)
     tune_collector()
     return app
