@@ -63,13 +63,31 @@ class PreparedBatch:
     # state (:func:`steptally.service.domain.partial.states_of`), computed before the
     # store's transaction; a pair left out is computed there
     states: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
+    # the pairs in their plainest shape (:func:`plain_of`): per (step, rank), its count
+    # and its fragments' values joined in seq order
+    plain: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
 
     def steps(self) -> list[int]:
+        if self.is_plain():
+            return sorted({s for s, _ in self.plain})
         return sorted({k[0] for k in self.fragments} | {k[0] for k in self.commits})
 
     def pairs(self) -> set[CommitKey]:
         """The (step, rank) pairs the batch's fragments and commits belong to."""
+        if self.is_plain():
+            return set(self.plain)
         return {k[:2] for k in self.fragments} | set(self.commits)
+
+    def is_plain(self) -> bool:
+        """Whether every pair of the batch is plain (:func:`plain_of`): what a reporter
+        sends, and what the store's rules and rows then take a pair at a time instead of
+        a fragment at a time. Anything left out since (:meth:`reject`) makes it not."""
+        plain = self.plain
+        return (
+            len(plain) == len(self.commits)
+            and plain.keys() == self.commits.keys()
+            and sum(n for n, _ in plain.values()) == len(self.fragments)
+        )
 
     def __bool__(self) -> bool:
         return bool(self.fragments or self.commits)
@@ -88,6 +106,7 @@ class PreparedBatch:
         if m is None:
             return False
         index = int(m[2])
+        self.plain = {}  # what is left is no longer what the pairs were
         if m[1] == "commits":
             ckey = next((k for k, i in self.commit_origin.items() if i == index), None)
             if ckey is None or self.commits.pop(ckey, None) is None:
@@ -115,6 +134,32 @@ def merge(batches: Sequence[PreparedBatch]) -> PreparedBatch | None:
         out.fragments.update(batch.fragments)
         out.commits.update(batch.commits)
         out.states.update(batch.states)
+        out.plain.update(batch.plain)
+    return out
+
+
+def plain_of(
+    fragments: dict[FragmentKey, packing.Cell], commits: dict[CommitKey, int]
+) -> dict[CommitKey, tuple[int, bytes]]:
+    """The plain pairs of a batch, in the order their first fragments come: those it
+    commits with ``n`` >= 1 fragments and holds all of, seqs 0 to ``n`` - 1, each a full
+    row (no mask, no tails) of one size; per pair, ``n`` and the values joined in seq
+    order (the stored bundle's, :func:`~.packing.bundled`)."""
+    by_pair: dict[CommitKey, list[tuple[int, packing.Cell]]] = {}
+    for (s, r, q), cell in fragments.items():
+        by_pair.setdefault((s, r), []).append((q, cell))
+    out: dict[CommitKey, tuple[int, bytes]] = {}
+    for pair, cells in by_pair.items():
+        n = commits.get(pair)
+        if n != len(cells):
+            continue
+        cells.sort(key=lambda c: c[0])
+        size = len(cells[0][1][0])
+        if all(
+            q == i and len(v) == size and p is None and t is None
+            for i, (q, (v, p, t)) in enumerate(cells)
+        ):
+            out[pair] = (n, b"".join(v for _, (v, _, _) in cells))
     return out
 
 

@@ -76,11 +76,20 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
         out.fragments[key] = (rows[size * i : size * (i + 1)], None, None)
         out.origin[key] = i
         pairs.setdefault(key[:2], []).append(i)
+    commits = out.commits
     for pair, index in pairs.items():
         joined = (  # the common body: every row one (step, rank)'s
             rows if len(index) == n else b"".join(rows[size * i : size * (i + 1)] for i in index)
         )
-        out.states[pair] = (len(index), bytes(kernel.combine(joined, width, kinds, guards)))
+        count = len(index)
+        out.states[pair] = (count, bytes(kernel.combine(joined, width, kinds, guards)))
+        if commits.get(pair) == count:  # plain (batch.plain_of) if its seqs are 0 to count - 1
+            order = [seqs[i] for i in index]
+            if order == list(range(count)):
+                out.plain[pair] = (count, bytes(joined))
+            elif sorted(order) == list(range(count)):
+                ranked = sorted(index, key=lambda i: seqs[i])
+                out.plain[pair] = (count, b"".join(rows[size * i : size * (i + 1)] for i in ranked))
     return out
 
 

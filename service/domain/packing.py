@@ -15,6 +15,7 @@ knows nothing of tails reads the correctly rounded sum.
 
 from __future__ import annotations
 
+import functools
 import struct
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -122,6 +123,12 @@ def bundled(cells: Sequence[tuple[int, Cell]]) -> tuple[int, bytes, bytes] | Non
         return None
     seqs = [q for q, _ in ordered]
     return seqs[-1], b"".join(blobs), struct.pack(f"<{n}q", *seqs)
+
+
+@functools.lru_cache(maxsize=64)
+def seqs_of(n: int) -> bytes:
+    """The ``seqs`` of a bundle of the fragments 0 to ``n`` - 1 (:func:`bundled`)."""
+    return struct.pack(f"<{n}q", *range(n))
 
 
 def unbundled(

@@ -118,9 +118,7 @@ def _store(
         stored = list(_stored_fragments(conn, dialect.sql, run, collided))
         rules.check_duplicates(batch, collided, stored)
     rules.check(batch, found)
-    deltas = rules.count(
-        found.steps, found.new_frags, {k: batch.commits[k] for k in found.new_commits}
-    )
+    deltas = rules.counted(batch, found)
     rows = partial_rows(run, batch, found)
     changed = dialect.apply(conn, run, batch, found, deltas, rows, now, alone=savepoint is None)
     outcome = IngestOutcome(
@@ -158,7 +156,7 @@ def ingest_fresh(
         rules.check(merged, assumed)
     except ServiceError:
         return None
-    deltas = rules.count(assumed.steps, assumed.new_frags, merged.commits)
+    deltas = rules.counted(merged, assumed)
     rows = partial_rows(run, merged, assumed)
     changed = dialect.store_fresh(conn, run, merged, deltas, rows, now)
     if changed is None:
@@ -208,16 +206,23 @@ def ingest_merged(
     if merged is None:
         raise NotMerged("two batches share a (step, rank) pair")
     found = dialect.probe(conn, run, merged, min(now for _, now in batches), None)
-    new_frags, new_commits = set(found.new_frags), set(found.new_commits)
-    collided = set(merged.fragments) - new_frags
+    every = len(found.new_frags) == len(merged.fragments)  # nothing of it stored before
+    every = every and len(found.new_commits) == len(merged.commits)
+    new_frags, new_commits = (
+        (set(), set()) if every else (set(found.new_frags), set(found.new_commits))
+    )
+    collided = set() if every else set(merged.fragments) - new_frags
     stored = list(_stored_fragments(conn, dialect.sql, run, collided)) if collided else []
     touched = [set(b.steps()) for b, _ in batches]
     later = _later(touched)  # later[i]: the steps a batch after batch i touches
     mine: list[tuple[list[FragmentKey], list[CommitKey]]] = []
     deltas: dict[int, Delta] = {}
     for i, (batch, _) in enumerate(batches):
-        frags = [k for k in batch.fragments if k in new_frags]
-        commits = [k for k in batch.commits if k in new_commits]
+        if every:
+            frags, commits = list(batch.fragments), list(batch.commits)
+        else:
+            frags = [k for k in batch.fragments if k in new_frags]
+            commits = [k for k in batch.commits if k in new_commits]
         own = Probe(found.steps, frags, commits, found.declared, found.top_seq)
         try:
             if len(frags) < len(batch.fragments):
@@ -225,7 +230,7 @@ def ingest_merged(
             rules.check(batch, own)
         except Exception as exc:
             raise NotMerged(str(exc)) from exc
-        for s, d in rules.count(found.steps, frags, {k: batch.commits[k] for k in commits}).items():
+        for s, d in rules.counted(batch, own).items():
             total = deltas.setdefault(s, Delta())
             total.received, total.committed = (
                 total.received + d.received,
@@ -262,6 +267,10 @@ def partial_rows(run: RunRecord, batch: PreparedBatch, found: Probe) -> list[Par
     """The partial rows of the pairs that gain fragments: the stored state merged with
     the state of the pair's new fragments (the batch's own state of the pair when every
     fragment of it is new, which it computed before the transaction)."""
+    if rules.all_new(batch, found):  # a pair at a time, each with the state it brought
+        plain = _plain_partials(run, batch, found)
+        if plain is not None:
+            return plain
     cells: dict[CommitKey, list[Cell]] = {}
     for key in found.new_frags:
         cells.setdefault(key[:2], []).append(batch.fragments[key])
@@ -274,6 +283,22 @@ def partial_rows(run: RunRecord, batch: PreparedBatch, found: Probe) -> list[Par
         if n:
             state = partial.merge(run, [before, state])
         out.append((pair[0], pair[1], n + len(new), state))
+    return out
+
+
+def _plain_partials(run: RunRecord, batch: PreparedBatch, found: Probe) -> list[PartialRow] | None:
+    """:func:`partial_rows` of a batch whose fragments are all new and plain; None if a
+    pair's state was not computed with the batch."""
+    out = []
+    states, stored = batch.states, found.partials
+    for pair, (n, _) in batch.plain.items():
+        size, state = states.get(pair, (0, b""))
+        if size != n:
+            return None
+        before_n, before = stored.get(pair, (0, b""))
+        if before_n:
+            state = partial.merge(run, [before, state])
+        out.append((pair[0], pair[1], before_n + n, state))
     return out
 
 

@@ -33,7 +33,7 @@ from steptally.service.domain import partial
 from steptally.service.domain import step as step_rules
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
 from steptally.service.domain.finalise import Contributions, StoredValue, ValueState
-from steptally.service.domain.packing import Cell, bundled, unbundled
+from steptally.service.domain.packing import Cell, bundled, seqs_of, unbundled
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import StepState, opened
@@ -249,6 +249,11 @@ def fragment_rows(
     """The fragments rows to store for the new fragments of ``batch``: per (step, rank),
     one bundle where they allow it (:func:`~steptally.service.domain.packing.bundled`),
     else a row each; every column in table order."""
+    if len(new_frags) == len(batch.fragments) and batch.is_plain():  # a pair at a time
+        return [
+            (run_id, s, r, n - 1, values, None, None, seqs_of(n) if n > 1 else None)
+            for (s, r), (n, values) in batch.plain.items()
+        ]
     pairs: dict[CommitKey, list[tuple[int, Cell]]] = {}
     for s, r, q in new_frags:
         pairs.setdefault((s, r), []).append((q, batch.fragments[(s, r, q)]))

@@ -25,7 +25,7 @@ import orjson
 
 from steptally.client.wire import FragmentBatch, WireError, decode_batch
 from steptally.service.domain import compact
-from steptally.service.domain.batch import PreparedBatch, Rejection, prepare
+from steptally.service.domain.batch import PreparedBatch, Rejection, plain_of, prepare
 from steptally.service.domain.partial import states_of
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import (
@@ -168,6 +168,7 @@ def _prepare(
         run = runs.get(run.name, refresh=True)
         prepared = prepare(run, batch, columnar, partial)
     prepared.states = states_of(run, prepared.fragments)
+    prepared.plain = plain_of(prepared.fragments, prepared.commits)
     return run, prepared
 
 

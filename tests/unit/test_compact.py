@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from steptally.client.algebra import MetricSpec
 from steptally.client.wire import Commit, FragmentBatch, WireError, decode_batch, encode_columnar
 from steptally.service.domain import compact, partial
-from steptally.service.domain.batch import PreparedBatch, prepare
+from steptally.service.domain.batch import PreparedBatch, plain_of, prepare
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import ServiceError
 
@@ -49,6 +49,7 @@ def _general(data: Any) -> PreparedBatch | str:
     except (WireError, ServiceError) as exc:
         return type(exc).__name__
     out.states = partial.states_of(RUN, out.fragments)
+    out.plain = plain_of(out.fragments, out.commits)
     return out
 
 
@@ -60,6 +61,8 @@ def _same(fast: PreparedBatch, general: PreparedBatch) -> None:
     assert fast.commit_origin == general.commit_origin
     assert fast.states == general.states
     assert list(fast.states) == list(general.states)
+    assert fast.plain == general.plain
+    assert list(fast.plain) == list(general.plain)
     assert fast.columnar and general.columnar
     assert fast.rejected == general.rejected == []
 
@@ -195,6 +198,8 @@ def test_the_reporters_bodies_take_the_fast_path(steps: list[int], ranks: list[i
     assert isinstance(general, PreparedBatch)
     _same(fast, general)
     assert len(fast.states) == len(set(zip(steps, ranks, strict=True)))
+    # one pair with seqs from 0 is plain; pairs that share the seqs 0..n-1 are not
+    assert fast.is_plain() is (len(set(zip(steps, ranks, strict=True))) == 1)
 
 
 def test_nan_payloads_come_out_canonical_and_bad_counts_go_to_the_general_path() -> None:
