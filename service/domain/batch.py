@@ -64,8 +64,9 @@ class PreparedBatch:
     # store's transaction; a pair left out is computed there
     states: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
     # the pairs in their plainest shape (:func:`plain_of`): per (step, rank), its count
-    # and its fragments' values joined in seq order
+    # and its fragments' values joined in seq order; set with :meth:`set_plain`
     plain: dict[CommitKey, tuple[int, bytes]] = field(default_factory=dict)
+    plain_fragments: int = 0  # how many fragments the plain pairs hold
 
     def steps(self) -> list[int]:
         if self.is_plain():
@@ -78,16 +79,19 @@ class PreparedBatch:
             return set(self.plain)
         return {k[:2] for k in self.fragments} | set(self.commits)
 
+    def set_plain(self, plain: dict[CommitKey, tuple[int, bytes]]) -> None:
+        """Keep ``plain``: pairs of the batch (:func:`plain_of`), each one it commits and
+        holds every fragment of."""
+        self.plain = plain
+        self.plain_fragments = sum(n for n, _ in plain.values())
+
     def is_plain(self) -> bool:
         """Whether every pair of the batch is plain (:func:`plain_of`): what a reporter
         sends, and what the store's rules and rows then take a pair at a time instead of
-        a fragment at a time. Anything left out since (:meth:`reject`) makes it not."""
-        plain = self.plain
-        return (
-            len(plain) == len(self.commits)
-            and plain.keys() == self.commits.keys()
-            and sum(n for n, _ in plain.values()) == len(self.fragments)
-        )
+        a fragment at a time. A commit or fragment left out since makes it not. (The
+        plain pairs are committed pairs whose fragments the batch holds, so as many of
+        them as commits, holding as many fragments as the batch, are all of it.)"""
+        return len(self.plain) == len(self.commits) and self.plain_fragments == len(self.fragments)
 
     def __bool__(self) -> bool:
         return bool(self.fragments or self.commits)
@@ -106,7 +110,7 @@ class PreparedBatch:
         if m is None:
             return False
         index = int(m[2])
-        self.plain = {}  # what is left is no longer what the pairs were
+        self.set_plain({})  # what is left is no longer what the pairs were
         if m[1] == "commits":
             ckey = next((k for k, i in self.commit_origin.items() if i == index), None)
             if ckey is None or self.commits.pop(ckey, None) is None:
@@ -135,6 +139,7 @@ def merge(batches: Sequence[PreparedBatch]) -> PreparedBatch | None:
         out.commits.update(batch.commits)
         out.states.update(batch.states)
         out.plain.update(batch.plain)
+        out.plain_fragments += batch.plain_fragments
     return out
 
 

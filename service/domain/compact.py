@@ -76,7 +76,7 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
         out.fragments[key] = (rows[size * i : size * (i + 1)], None, None)
         out.origin[key] = i
         pairs.setdefault(key[:2], []).append(i)
-    commits = out.commits
+    commits, plain = out.commits, {}
     for pair, index in pairs.items():
         joined = (  # the common body: every row one (step, rank)'s
             rows if len(index) == n else b"".join(rows[size * i : size * (i + 1)] for i in index)
@@ -86,10 +86,11 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
         if commits.get(pair) == count:  # plain (batch.plain_of) if its seqs are 0 to count - 1
             order = [seqs[i] for i in index]
             if order == list(range(count)):
-                out.plain[pair] = (count, bytes(joined))
+                plain[pair] = (count, bytes(joined))
             elif sorted(order) == list(range(count)):
                 ranked = sorted(index, key=lambda i: seqs[i])
-                out.plain[pair] = (count, b"".join(rows[size * i : size * (i + 1)] for i in ranked))
+                plain[pair] = (count, b"".join(rows[size * i : size * (i + 1)] for i in ranked))
+    out.set_plain(plain)
     return out
 
 

@@ -168,7 +168,7 @@ def _prepare(
         run = runs.get(run.name, refresh=True)
         prepared = prepare(run, batch, columnar, partial)
     prepared.states = states_of(run, prepared.fragments)
-    prepared.plain = plain_of(prepared.fragments, prepared.commits)
+    prepared.set_plain(plain_of(prepared.fragments, prepared.commits))
     return run, prepared
 
 

@@ -49,7 +49,7 @@ def _general(data: Any) -> PreparedBatch | str:
     except (WireError, ServiceError) as exc:
         return type(exc).__name__
     out.states = partial.states_of(RUN, out.fragments)
-    out.plain = plain_of(out.fragments, out.commits)
+    out.set_plain(plain_of(out.fragments, out.commits))
     return out
 
 

@@ -98,7 +98,7 @@ def _prepared(pairs: dict[tuple[int, int], int], odd: dict[str, Any]) -> Prepare
         commits.pop()
     batch = prepare(RUN, decode_batch({"fragments": frags, "commits": commits}), columnar=False)
     batch.states = partial.states_of(RUN, batch.fragments)
-    batch.plain = plain_of(batch.fragments, batch.commits)
+    batch.set_plain(plain_of(batch.fragments, batch.commits))
     return batch
 
 
@@ -154,7 +154,7 @@ def cases(draw: st.DrawFn) -> tuple[PreparedBatch, dict[str, Any]]:
 
 def _general(batch: PreparedBatch) -> PreparedBatch:
     out = copy.copy(batch)
-    out.plain = {}
+    out.set_plain({})
     assert not out.is_plain() or not out.commits
     return out
 
