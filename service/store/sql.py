@@ -185,6 +185,10 @@ class SqlStore:
         what of it can change, where the step's lock brought it along)."""
 
         def reload(key: RunKey | None = None) -> RunRecord:
+            if key is None:
+                key = self.dialect.run_key(conn, run.id)
+                if key is None:
+                    return run
             return self._runs.current(conn, run.id, key) or run
 
         return reload

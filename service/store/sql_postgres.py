@@ -50,6 +50,7 @@ from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState, probe_from
 from steptally.service.store import pg_pipeline, sql_series
 from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s, int4s, int8s
+from steptally.service.store.sql_run import read_run_key
 from steptally.service.store.sql_statement import (
     PIPELINE,
     STEP_FIELDS,
@@ -60,6 +61,7 @@ from steptally.service.store.sql_statement import (
 from steptally.service.store.sql_step import (
     Locked,
     PartialRow,
+    RunKey,
     StepParts,
     fragment_rows,
     new_row,
@@ -276,6 +278,9 @@ class PostgresDialect:
         reads = [(PIPELINE.partials_of_step, params), (PIPELINE.commits_of_step, params)]
         parts, commits = pg_pipeline.run(driver, reads, commit=False, binary=True)
         return parts, commits
+
+    def run_key(self, conn: Connection, run_id: int) -> RunKey | None:
+        return read_run_key(conn, run_id)
 
     def lock_steps(self, conn: Connection, run_id: int, steps: Sequence[int]) -> Locked:
         """Lock the rows of ``steps`` and read each one's parts (:meth:`read_parts`'s

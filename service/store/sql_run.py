@@ -50,6 +50,12 @@ _CURRENT = select(
 ).where(RUNS.c.id == bindparam("run"))
 
 
+def read_run_key(conn: Connection, run_id: int) -> tuple[Any, ...] | None:
+    """What of a run can change, as :class:`KnownRuns` compares it; None: no such run."""
+    row = conn.execute(_CURRENT, {"run": run_id}).first()
+    return None if row is None else tuple(row)
+
+
 class KnownRuns:
     """Runs as a store last read them, by id. :meth:`current` reads what of a run can
     change (its spec's text, its number of metric columns; one small statement) and
@@ -66,10 +72,9 @@ class KnownRuns:
         """The run as it stands; ``key``: what of it can change, read already (in the
         same transaction: a dialect's ``lock_steps`` may bring it)."""
         if key is None:
-            row = conn.execute(_CURRENT, {"run": run_id}).first()
-            if row is None:
+            key = read_run_key(conn, run_id)
+            if key is None:
                 return None
-            key = tuple(row)
         with self._lock:
             known = self._known.get(run_id)
         if known is not None and known[0] == key:

@@ -398,6 +398,11 @@ class SqliteText:
     upsert_partials: RowsInsert
     upsert_steps: RowsInsert  # step rows; a stored one takes the row's counters
     upsert_values: RowsInsert  # step_values rows, replacing a step's earlier values
+    # run, step, run, step: (0, rank, fragments, state) of its partial rows, then
+    # (1, rank, fragments, NULL) of its commits
+    parts_of_step: str
+    run_key: str  # run, run: what of the run can change (sql_run's KnownRuns compares it)
+    update_step: str  # STEP_FIELDS, then run and step
 
 
 _of = f"run_id = ? AND {_in_json('step')} AND {_in_json('rank')}"
@@ -437,5 +442,17 @@ SQLITE = SqliteText(
         STEP_VALUES,
         f" ON CONFLICT ({_value_keys}) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
+    ),
+    parts_of_step=(
+        "SELECT 0, rank, fragments, state FROM partials WHERE run_id = ? AND step = ? "
+        "UNION ALL SELECT 1, rank, fragments, NULL FROM commits WHERE run_id = ? AND step = ?"
+    ),
+    run_key=(
+        f"SELECT spec, world_size, step_timeout_s, (SELECT count(*) FROM {METRICS.name} "
+        f"WHERE run_id = ?) FROM {RUNS.name} WHERE id = ?"
+    ),
+    update_step=(
+        f"UPDATE steps SET {', '.join(f'{n} = ?' for n in STEP_FIELDS)} "
+        "WHERE run_id = ? AND step = ?"
     ),
 )

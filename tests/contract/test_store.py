@@ -92,6 +92,22 @@ def test_register_creates_then_extends_a_run(store: Store) -> None:
     assert store.get_run("other") is None
 
 
+def test_a_step_is_finalised_with_its_run_as_it_stands_then(store: Store) -> None:
+    run = _register(store)
+    first = store.ingest(run, _batch(run, [RANK0, RANK1], [(0, 0, 1), (0, 1, 1)]), T0 + 1)
+    assert _finalised(first.finalised) == [("r", 0, StepStatus.COMPLETE, 1)]
+    more = MetricSpec.build({"a": "sum", "n": "count", "b": "max"}, {"m": "a / n"})
+    run, _ = store.register_run("r", lambda e: RunDraft(2, more, TIMEOUT_S), T0 + 2)
+    frags = [(1, 0, 0, {"a": 1.5, "n": 2.0, "b": 4.0}), (1, 1, 0, {"a": 2.25, "n": 1.0, "b": -1.0})]
+    done = store.ingest(run, _batch(run, frags, [(1, 0, 1), (1, 1, 1)]), T0 + 3)
+    assert _finalised(done.finalised) == [("r", 1, StepStatus.COMPLETE, 1)]
+    step = store.get_step(run, 1)
+    assert step is not None and step.result is not None
+    # the metric registered after the run's last finalisation is evaluated too
+    assert dict(step.result.metrics)["b"] == _metric(4.0, "max", 2)
+    assert dict(step.result.metrics)["m"] == _metric(1.25, "derived", 0)
+
+
 def test_runs_are_listed_in_name_order_with_their_counts(store: Store) -> None:
     for name in ("c", "a", "b"):
         _register(store, name)
