@@ -38,9 +38,7 @@ lane (``tests/integration/test_direct_lane.py`` compares them byte for byte).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from concurrent.futures import Future
 from typing import Any, Protocol, cast
 
 from starlette.routing import Match
@@ -164,31 +162,24 @@ class Serving:
         loop = asyncio.get_running_loop()
         try:
             self.prepared = ingest.prepare(self.run, self.body)
-            future = ingest.submit(self.prepared)
+            # answered on this loop with the rest of its group, in one call
+            ingest.submit_call(self.prepared, loop, self._settle)
         except Exception as exc:  # answered by the app's handlers
             self._fail(exc)
             return
         self.timer = loop.call_later(self.lane.timeout_s, self._expire)
 
-        def settled(done: Future[IngestOutcome]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(self._settle, done)
-
-        future.add_done_callback(settled)
-
-    def _settle(self, future: Future[IngestOutcome]) -> None:
+    def _settle(self, outcome: IngestOutcome | None, error: BaseException | None) -> None:
         if self.done:
             return  # past the deadline: answered already, the batch stored all the same
         assert self.prepared is not None
         ingest = self.lane.service.ingest
-        try:
-            outcome = future.result(timeout=0)
-        except ServiceError as exc:
-            ingest.refused(self.prepared, exc)
-            self._fail(exc)
+        if isinstance(error, ServiceError):
+            ingest.refused(self.prepared, error)
+            self._fail(error)
             return
-        except Exception as exc:  # a cancelled future's error is one too
-            self._fail(exc)
+        if error is not None or outcome is None:
+            self._fail(error or RuntimeError("a batch was answered without an outcome"))
             return
         try:
             answer = json_bytes(ingest.answered(self.prepared, outcome, self.arrived))

@@ -35,6 +35,7 @@ lock and status check are the fence (see :mod:`.schedule`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,7 @@ from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.store.group_commit import Pending
 from steptally.service.store.protocol import (
+    Answer,
     BreachRecord,
     Decide,
     FinalisedStep,
@@ -80,6 +82,17 @@ class SchedulableStore(Store, Protocol):
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
         """Store a batch with the next group: its outcome once the group committed."""
+        ...
+
+    def submit_call(
+        self,
+        run: RunRecord,
+        batch: PreparedBatch,
+        now: float,
+        loop: asyncio.AbstractEventLoop,
+        answer: Answer,
+    ) -> None:
+        """:meth:`submit`, answered on ``loop``."""
         ...
 
     def finalise_due(self, run_id: int, step: int, now: float) -> FinalisedStep | None:
@@ -186,6 +199,16 @@ class CoordinatedStore:
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
         return self.sql.submit(run, batch, now)
+
+    def submit_call(
+        self,
+        run: RunRecord,
+        batch: PreparedBatch,
+        now: float,
+        loop: asyncio.AbstractEventLoop,
+        answer: Answer,
+    ) -> None:
+        self.sql.submit_call(run, batch, now, loop, answer)
 
     def _after_group(self, group: list[Pending]) -> None:
         """On the SQL store's writer thread, once a group committed: schedule the steps

@@ -15,6 +15,7 @@ many requests or instances race; the combining itself is the pure
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ class IngestOutcome:
     duplicates: int
     commits: int
     finalised: list[FinalisedStep] = field(default_factory=list)
+
+
+#: what a batch submitted from an event loop is answered with, on that loop: its outcome,
+#: or the error that kept it from being stored
+Answer = Callable[[IngestOutcome | None, BaseException | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,19 @@ class Store(Protocol):
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
         """:meth:`ingest` without waiting: a future of its outcome (or its error)."""
+        ...
+
+    def submit_call(
+        self,
+        run: RunRecord,
+        batch: PreparedBatch,
+        now: float,
+        loop: asyncio.AbstractEventLoop,
+        answer: Answer,
+    ) -> None:
+        """:meth:`ingest` without waiting or a future: ``answer`` is called on ``loop``
+        with its outcome or its error (with the other batches of its group answered on
+        that loop, in one call)."""
         ...
 
     def sweep(self, now: float, limit: int = 100) -> list[FinalisedStep]:

@@ -20,6 +20,7 @@ where that would change an answer, runs each batch in its own savepoint.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -41,6 +42,7 @@ from steptally.service.store.engine import DatabaseLimits, make_engine, transact
 from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.migration import check_current
 from steptally.service.store.protocol import (
+    Answer,
     BreachRecord,
     Decide,
     FinalisedStep,
@@ -234,6 +236,17 @@ class SqlStore:
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
         """:meth:`ingest` without waiting: the outcome once the batch's group committed."""
         return self._group.submit_future(run, batch, now)
+
+    def submit_call(
+        self,
+        run: RunRecord,
+        batch: PreparedBatch,
+        now: float,
+        loop: asyncio.AbstractEventLoop,
+        answer: Answer,
+    ) -> None:
+        """:meth:`submit` answered on ``loop`` (:meth:`.GroupCommit.submit_call`)."""
+        self._group.submit_call(run, batch, now, loop, answer)
 
     def queued(self) -> int:
         """Batches waiting for a writer."""

@@ -15,6 +15,7 @@ or metric, too large) still rejects it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -36,7 +37,7 @@ from steptally.service.errors import (
     UnknownMetric,
 )
 from steptally.service.metrics.instruments import Telemetry
-from steptally.service.store.protocol import FinalisedStep, IngestOutcome, Store
+from steptally.service.store.protocol import Answer, FinalisedStep, IngestOutcome, Store
 from steptally.service.usecase.registration import RunDirectory
 
 
@@ -106,6 +107,13 @@ class Ingest:
         """Store a prepared batch (not ``partial``) without waiting: its outcome once its
         group committed, to hand to :meth:`answered` (an error: to :meth:`refused`)."""
         return self._store.submit(prepared.run, prepared.batch, self._clock())
+
+    def submit_call(
+        self, prepared: Prepared, loop: asyncio.AbstractEventLoop, answer: Answer
+    ) -> None:
+        """:meth:`submit` answered on ``loop``: ``answer`` is called there with the outcome
+        or the error (the batches of one group in one call on the loop)."""
+        self._store.submit_call(prepared.run, prepared.batch, self._clock(), loop, answer)
 
     def refused(self, prepared: Prepared, error: ServiceError) -> None:
         """Count a batch the store refused whole."""

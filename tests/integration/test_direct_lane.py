@@ -4,6 +4,8 @@ request as the ASGI lane does, byte for byte but for the date, on both stores.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import socket
@@ -91,7 +93,7 @@ def _held(ingest: Any) -> Iterator[threading.Event]:
     """``ingest.submit`` whose batches are stored as ever but whose outcomes reach the
     waiter only once the gate is set (at the end of the block at the latest)."""
     gate = threading.Event()
-    submit = ingest.submit
+    submit, submit_call = ingest.submit, ingest.submit_call
 
     def held(prepared: Any) -> Future[Any]:
         out: Future[Any] = Future()
@@ -99,12 +101,23 @@ def _held(ingest: Any) -> Iterator[threading.Event]:
         threading.Thread(target=lambda: (gate.wait(10), _copy(inner, out)), daemon=True).start()
         return out
 
-    ingest.submit = held
+    def held_call(prepared: Any, loop: asyncio.AbstractEventLoop, answer: Any) -> None:
+        def later(outcome: Any, error: Any) -> None:
+            def hand_on() -> None:
+                gate.wait(10)
+                with contextlib.suppress(RuntimeError):  # the server's loop closed
+                    loop.call_soon_threadsafe(answer, outcome, error)
+
+            threading.Thread(target=hand_on, daemon=True).start()
+
+        submit_call(prepared, loop, later)
+
+    ingest.submit, ingest.submit_call = held, held_call
     try:
         yield gate
     finally:
         gate.set()
-        ingest.submit = submit
+        ingest.submit, ingest.submit_call = submit, submit_call
 
 
 def _copy(inner: Future[Any], out: Future[Any]) -> None:
@@ -304,7 +317,10 @@ def test_an_unexpected_error_is_500_counted_and_logged(
             out.set_exception(RuntimeError("boom " * 100))
             return out
 
-        service.ingest.submit = failing
+        def failing_call(prepared: Any, loop: asyncio.AbstractEventLoop, answer: Any) -> None:
+            loop.call_soon(answer, None, RuntimeError("boom " * 100))
+
+        service.ingest.submit, service.ingest.submit_call = failing, failing_call
         caplog.clear()
         with caplog.at_level(logging.ERROR):
             body = _rows((0, 0, 0, {"a": 1.0}))

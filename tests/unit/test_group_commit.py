@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import cast
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
-from steptally.service.store.group_commit import GroupCommit, Pending
+from steptally.service.store.group_commit import GroupCommit, Pending, settle_group
 from steptally.service.store.protocol import IngestOutcome
 
 NO_RUN = cast(RunRecord, None)  # GroupCommit only hands the run on
@@ -290,3 +291,45 @@ def test_one_writer_on_one_core_else_the_default() -> None:
     assert writers_for(2, cores=2) == 2
     assert writers_for(4, cores=16) == 4
     assert writers_for(1, cores=8) == 1
+
+
+class _Loop:
+    """An event loop as ``settle_group`` sees one: what it was asked to call, and from
+    which thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, tuple[object, ...]]] = []
+
+    def call_soon_threadsafe(self, fn: object, *args: object) -> None:
+        self.calls.append((fn, args))
+
+
+def test_a_group_is_answered_on_each_loop_in_one_call_in_its_order() -> None:
+    loops = [_Loop(), _Loop()]
+    heard: list[tuple[str, object, object]] = []
+
+    def answer(name: str) -> Callable[[object, object], None]:
+        def got(outcome: object, error: object) -> None:
+            heard.append((name, outcome, error))
+            if name == "b1":
+                raise ValueError("one answer that fails")
+
+        return got
+
+    group = [
+        Pending(NO_RUN, _batch(i), 0.0, 0, None, None, None, (loops[i % 2], answer(f"{n}{i}")))  # type: ignore[arg-type]
+        for i, n in enumerate("abcd")
+    ]
+    futured = Pending(NO_RUN, _batch(9), 0.0, 0)
+    done = IngestOutcome(accepted=1, duplicates=0, commits=1)
+    for p in group[:3]:
+        p.outcome = done
+    # the last of the group has neither: its transaction did not finish
+    settle_group([*group, futured])
+    assert [len(loop.calls) for loop in loops] == [1, 1]  # one wake-up a loop a group
+    for loop in loops:
+        ((fn, args),) = loop.calls
+        fn(*args)  # type: ignore[operator]
+    assert [(n, o) for n, o, _ in heard] == [("a0", done), ("c2", done), ("b1", done), ("d3", None)]
+    assert isinstance(heard[-1][2], RuntimeError)  # and still answered after b1 raised
+    assert isinstance(futured.future.exception(timeout=0), RuntimeError)  # type: ignore[union-attr]
