@@ -336,10 +336,11 @@ class SqliteDialect:
         if values:
             self._write_values(conn, run_id, values)
         changed = [
-            (*(getattr(r, c) for c in STEP_FIELDS), run_id, r.step) for r in rows if r.changed
+            (r.status.value, *(getattr(r, c) for c in STEP_FIELDS[1:]), run_id, r.step)
+            for r in rows
+            if r.changed
         ]
-        for row in changed:
-            _driver(conn).execute(SQLITE.update_step, (row[0].value, *row[1:]))
+        _driver(conn).executemany(SQLITE.update_step, changed)
 
     def _write_values(
         self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]

@@ -186,7 +186,7 @@ class GroupCommit:
         """Store ``batch`` with the next group; once that group committed (or failed),
         ``answer`` is called on ``loop`` with its outcome or error."""
         self._enqueue(
-            Pending(run, batch, now, batch_bytes(batch), None, None, None, (loop, answer))
+            Pending(run, batch, now, batch_bytes(batch), future=None, answer=(loop, answer))
         )
 
     def _enqueue(self, item: Pending) -> None:

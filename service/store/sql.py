@@ -382,7 +382,8 @@ class SqlStore:
             row = lock_step(conn, self.dialect.for_update, run_id, step)
             if row is None or not (is_due(row, now) or _is_stranded(row)):
                 return None  # another instance got there first
-            run = self._runs.current(conn, run_id)
+            key = self.dialect.run_key(conn, run_id)
+            run = None if key is None else self._runs.current(conn, run_id, key)
             assert run is not None
             done = finalise_row(conn, self.dialect.read_parts, run, row, None, now)
             self.dialect.write_steps(conn, run_id, [row])

@@ -206,8 +206,11 @@ def ingest_merged(
     if merged is None:
         raise NotMerged("two batches share a (step, rank) pair")
     found = dialect.probe(conn, run, merged, min(now for _, now in batches), None)
-    every = len(found.new_frags) == len(merged.fragments)  # nothing of it stored before
-    every = every and len(found.new_commits) == len(merged.commits)
+    # nothing of the group stored before: every fragment and commit of it new
+    every = (len(found.new_frags), len(found.new_commits)) == (
+        len(merged.fragments),
+        len(merged.commits),
+    )
     new_frags, new_commits = (
         (set(), set()) if every else (set(found.new_frags), set(found.new_commits))
     )

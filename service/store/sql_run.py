@@ -57,7 +57,7 @@ def read_run_key(conn: Connection, run_id: int) -> tuple[Any, ...] | None:
 
 
 class KnownRuns:
-    """Runs as a store last read them, by id. :meth:`current` reads what of a run can
+    """Runs as a store last read them, by id. :meth:`current` is given what of a run can
     change (its spec's text, its number of metric columns; one small statement) and
     parses the spec again only when that changed: a finalisation wants the run as it
     stands, and parsing it cost most of a millisecond a step."""
@@ -66,15 +66,9 @@ class KnownRuns:
         self._known: dict[int, tuple[tuple[Any, ...], RunRecord]] = {}
         self._lock = threading.Lock()
 
-    def current(
-        self, conn: Connection, run_id: int, key: tuple[Any, ...] | None = None
-    ) -> RunRecord | None:
-        """The run as it stands; ``key``: what of it can change, read already (in the
-        same transaction: a dialect's ``lock_steps`` may bring it)."""
-        if key is None:
-            key = read_run_key(conn, run_id)
-            if key is None:
-                return None
+    def current(self, conn: Connection, run_id: int, key: tuple[Any, ...]) -> RunRecord | None:
+        """The run as it stands; ``key``: what of it can change, read in the same
+        transaction (a dialect's ``run_key``, or its ``lock_steps`` bringing it)."""
         with self._lock:
             known = self._known.get(run_id)
         if known is not None and known[0] == key:

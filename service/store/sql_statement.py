@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Column, Table, bindparam, select, update
+from sqlalchemy import Column, Table, bindparam, select
 from sqlalchemy.dialects import postgresql
 
 from steptally.service.store.models import (
@@ -54,7 +54,6 @@ STATE_COLUMNS = tuple(c.name for c in STEPS.c if c.name != "run_id")
 class Statements:
     """What the ingest path's shared code (duplicates, finalisation) runs as Core."""
 
-    update_steps: Any  # :k_run, :k_step, :v_<field> of STEP_FIELDS
     fragments_of: Any  # (step, rank, seq, values, present, tails, seqs): :run, :steps, :ranks
     insert_breaches: Any  # breaches rows; a (step, rule) already stored stays as it is
 
@@ -71,9 +70,6 @@ def core(insert: Callable[[Table], Any]) -> Statements:
     """The statements over a dialect's ``insert`` (``sqlite.insert``, ``postgresql.insert``)."""
     f = FRAGMENTS.c
     return Statements(
-        update_steps=update(STEPS)
-        .where(STEPS.c.run_id == bindparam("k_run"), STEPS.c.step == bindparam("k_step"))
-        .values({name: bindparam(f"v_{name}") for name in STEP_FIELDS}),
         fragments_of=select(f.step, f.rank, f.seq, f.values_f64, f.present, f.tails, f.seqs).where(
             *_where(FRAGMENTS)
         ),

@@ -43,7 +43,6 @@ from steptally.service.store.sql_statement import (
     FRAGMENTS,
     PARTIALS,
     STATE_COLUMNS,
-    STEP_FIELDS,
     STEP_VALUES,
     STEPS,
     Statements,
@@ -134,8 +133,8 @@ class Locked(NamedTuple):
 
 
 def read_parts(conn: Connection, run_id: int, step: int) -> StepParts:
-    """A step's partial rows and commits, two statements (what a dialect's
-    ``read_parts`` does unless it can do better)."""
+    """A step's partial rows and commits, two statements through SQLAlchemy: the plain
+    reading the dialects' own ``read_parts`` are checked against."""
     params = {"run": run_id, "step": step}
     parts = [(r, n, bytes(st)) for r, n, st in conn.execute(_PARTIALS_OF_STEP, params)]
     commits = [(r, n) for r, n in conn.execute(_COMMITS_OF_STEP, params)]
@@ -159,34 +158,6 @@ def lock_step(conn: Connection, for_update: ForUpdate, run_id: int, step: int) -
     stmt = select(STEPS).where(STEPS.c.run_id == run_id, STEPS.c.step == step)
     row = conn.execute(for_update(stmt)).first()
     return None if row is None else state_of(row)
-
-
-def write_steps(
-    conn: Connection,
-    sql: Statements,
-    run_id: int,
-    rows: Sequence[StepState],
-    write_values: ValuesWriter,
-) -> None:
-    """Write the changed step rows and the values of those just finalised (by the
-    dialect's ``write_values``)."""
-    write_breaches(conn, sql, run_id, rows)
-    values = pending_values(rows)
-    if values:
-        write_values(conn, run_id, values)
-    params = [
-        {"k_run": run_id, "k_step": r.step, **{f"v_{c}": getattr(r, c) for c in STEP_FIELDS}}
-        for r in rows
-        if r.changed
-    ]
-    for p in params:
-        p["v_status"] = p["v_status"].value
-    if params:
-        conn.execute(sql.update_steps, params)
-
-
-#: writes ``(step, (col, value, state))`` step values of a run
-ValuesWriter = Callable[[Connection, int, Sequence[tuple[int, StoredValue]]], None]
 
 
 def write_breaches(
