@@ -39,6 +39,7 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Select
 from sqlalchemy.dialects import postgresql
 
@@ -53,6 +54,7 @@ from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s,
 from steptally.service.store.sql_run import read_run_key
 from steptally.service.store.sql_statement import (
     PIPELINE,
+    REFUSED_FINALISED,
     STEP_FIELDS,
     core,
     pair_lock_key,
@@ -82,6 +84,10 @@ FINALISED = [s.value for s in StepStatus if s is not StepStatus.OPEN]
 #: (``PostgresDialect.notify``; :mod:`steptally.service.coordination.pg_wake` listens)
 FINALISED_CHANNEL = "steptally_finalised"
 NOTIFY_FINALISED = f"SELECT pg_notify('{FINALISED_CHANNEL}', %(run)b::TEXT)"
+#: what the plain fresh write fails with, writing nothing, where its batch is not new:
+#: a pair stored (its commits or partials row's key broken) or a step finalised
+#: (``steptally_refuse``, migration 0011)
+NOT_FRESH = frozenset({"23505", "ST001"})
 
 
 class PostgresDialect:
@@ -212,9 +218,12 @@ class PostgresDialect:
         and none of its steps is finalised: lock its pairs, then one statement
         (:data:`PIPELINE` ``fresh``) that checks both and, only if they hold, makes
         every write of :meth:`apply` (its fragments, commits and partial rows all new,
-        ``added`` to the steps), then the commit. Returns the steps as :meth:`apply`
-        does, or None when they did not hold: nothing written, the transaction over.
-        A batch large enough to be copied is left to :meth:`probe` and :meth:`apply`.
+        ``added`` to the steps), then the commit. A batch of plain pairs (what a
+        reporter sends) is written by ``fresh_plain`` instead, which looks nothing up
+        and fails where they do not hold (:data:`NOT_FRESH`), its transaction rolled
+        back. Returns the steps as :meth:`apply` does, or None when they did not hold:
+        nothing written, the transaction over. A batch large enough to be copied is
+        left to :meth:`probe` and :meth:`apply`.
 
         The transaction goes through libpq (:func:`.pg_pipeline.run`), each statement
         prepared once a connection: through psycopg's pipeline it cost the writer
@@ -230,14 +239,25 @@ class PostgresDialect:
             **_commit_params(batch, list(batch.commits)),
             **_partial_params(partials),
             **_added_params(run, added, now),
-            "k_step": int8s([s for s, _ in pairs]),
-            "k_rank": int4s([r for _, r in pairs]),
-            "finalised": FINALISED,
         }
         lock = (PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-        _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh, params)])
-        if not found[0][0]:  # ok
-            return None
+        if batch.is_plain():
+            params |= {"open": StepStatus.OPEN.value, "refused": REFUSED_FINALISED}
+            try:
+                _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh_plain, params)])
+            except psycopg.Error as exc:  # rolled back: nothing written
+                if exc.sqlstate in NOT_FRESH:
+                    return None
+                raise
+        else:
+            params |= {
+                "k_step": int8s([s for s, _ in pairs]),
+                "k_rank": int4s([r for _, r in pairs]),
+                "finalised": FINALISED,
+            }
+            _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh, params)])
+            if not found[0][0]:  # ok
+                return None
         out = [state_of_tuple(r[1:]) for r in found]
         for row in out:
             row.changed = True

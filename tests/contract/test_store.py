@@ -4,6 +4,7 @@ Redis, and asserts the same exact values on each."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,8 +12,9 @@ import pytest
 from steptally.client.algebra import MetricSpec
 from steptally.client.wire import decode_batch
 from steptally.service.coordination.store import CoordinatedStore
-from steptally.service.domain.batch import PreparedBatch, prepare
+from steptally.service.domain.batch import PreparedBatch, plain_of, prepare
 from steptally.service.domain.finalise import ValueState
+from steptally.service.domain.partial import states_of
 from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunDraft, RunRecord, RunSnapshot
 from steptally.service.errors import CommitConflict, FragmentConflict, StepComplete
@@ -37,6 +39,19 @@ def _register(store: Store, name: str = "r", world_size: int = 2) -> RunRecord:
     return run
 
 
+_AS_SERVED = [False]
+
+
+@pytest.fixture(autouse=True, params=["bare", "as served"])
+def as_served(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test twice: its batches as :func:`prepare` makes them, and as the service
+    hands them to the store (their pairs' partial states and plain pairs found, which
+    take the stores' faster paths: on PostgreSQL, the plain fresh write)."""
+    _AS_SERVED[0] = request.param == "as served"
+    yield
+    _AS_SERVED[0] = False
+
+
 def _batch(
     run: RunRecord,
     frags: list[tuple[int, int, int, dict[str, float]]] = [],  # noqa: B006
@@ -46,7 +61,11 @@ def _batch(
         "fragments": [{"step": s, "rank": r, "seq": q, "values": v} for s, r, q, v in frags],
         "commits": [{"step": s, "rank": r, "fragments": n} for s, r, n in commits],
     }
-    return prepare(run, decode_batch(body), columnar=False)
+    batch = prepare(run, decode_batch(body), columnar=False)
+    if _AS_SERVED[0]:
+        batch.states = states_of(run, batch.fragments)
+        batch.set_plain(plain_of(batch.fragments, batch.commits))
+    return batch
 
 
 RANK0 = (0, 0, 0, {"a": 1.5, "n": 2.0})

@@ -31,7 +31,7 @@ from steptally.service.store import pg_pipeline
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import FINALISED
-from steptally.service.store.sql_statement import PIPELINE, pairs_params
+from steptally.service.store.sql_statement import PIPELINE, REFUSED_FINALISED, pairs_params
 
 pytestmark = pytest.mark.postgres
 
@@ -225,6 +225,80 @@ def test_the_fresh_write_finds_a_finalised_step_or_a_stored_pair_and_writes_noth
     assert writer.execute(received).fetchall() == [(100, 1), (101, 0)]
 
 
+def _plain_args(steps: list[int], pairs: list[tuple[int, int]]) -> dict[str, Any]:
+    """The plain fresh write's parameters: each pair of ``pairs`` committed with one
+    fragment, its fragments, commits and partials rows; each step of ``steps`` gaining
+    its pairs."""
+    args = _fresh_args(steps, pairs)
+    per_step = [sum(1 for p, _ in pairs if p == s) for s in steps]
+    args |= {
+        "received": per_step, "committed": per_step, "expected": per_step,
+        "f_step": [s for s, _ in pairs], "f_rank": [r for _, r in pairs],
+        "f_seq": [0] * len(pairs), "f_values_f64": [b"\x00" * 8] * len(pairs),
+        "f_present": [None] * len(pairs), "f_tails": [None] * len(pairs),
+        "f_seqs": [None] * len(pairs),
+        "c_step": [s for s, _ in pairs], "c_rank": [r for _, r in pairs],
+        "c_fragments": [1] * len(pairs),
+        "p_step": [s for s, _ in pairs], "p_rank": [r for _, r in pairs],
+        "p_fragments": [1] * len(pairs), "p_state": [b"\x01"] * len(pairs),
+        "open": "open", "refused": REFUSED_FINALISED,
+    }  # fmt: skip
+    return args
+
+
+def test_the_plain_write_reads_no_table_in_its_generic_plan(writer: psycopg.Connection) -> None:
+    """The plain fresh write looks nothing up: its rows' keys (and the steps' one, for
+    the upsert) check what the fresh write looks up."""
+    names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)b", PIPELINE.fresh_plain)))
+    args = _plain_args([300, 301], [(300, 5), (300, 6), (301, 255)])
+    plan, rows = _generic_plan(writer, PIPELINE.fresh_plain, names, tuple(args[n] for n in names))
+    assert _scans(plan) == [], "\n".join(plan)
+    assert sorted((r[0], r[2], r[5], r[6]) for r in rows) == [
+        (True, 300, 2, 2),  # ok, step, committed_ranks, expected
+        (True, 301, 1, 1),
+    ]
+
+
+def test_the_plain_write_fails_on_a_stored_pair_or_a_finalised_step_and_writes_nothing(
+    writer: psycopg.Connection,
+) -> None:
+    """Steps 100 (open) and 101 (partial): a batch of plain pairs that touches the
+    partial step fails with ``ST001``, one with a pair whose commit (or partial row) is
+    stored breaks that key; each writes nothing. One of new pairs of the open step adds
+    to its counters and writes its rows."""
+    writer.execute(
+        "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
+        "received, missing_ranks, first_seen_at, deadline) VALUES (1, 100, 'open', 0, 0, 0, "
+        "0, %(n)s, 0, 60), (1, 101, 'partial', 1, 0, 0, 0, %(n)s, 0, 60)",
+        {"n": RANKS},
+    )
+    writer.execute("INSERT INTO commits VALUES (1, 100, 6, 8)")
+    writer.execute("INSERT INTO partials VALUES (1, 100, 7, 1, '\\x00'::bytea)")
+    counts = (
+        "SELECT (SELECT array_agg(received ORDER BY step) FROM steps WHERE step >= 100), "
+        "(SELECT count(*) FROM fragments WHERE step >= 100), "
+        "(SELECT count(*) FROM commits WHERE step >= 100), "
+        "(SELECT count(*) FROM partials WHERE step >= 100)"
+    )
+    before = writer.execute(counts).fetchone()
+    assert before == ([0, 0], 0, 1, 1)
+    for steps, pairs, sqlstate in (
+        ([100, 101], [(100, 5), (101, 5)], "ST001"),  # the partial step
+        ([101], [(101, 5)], "ST001"),  # the partial step alone: no step row comes back
+        ([100], [(100, 5), (100, 6)], "23505"),  # (100, 6) has its commit stored
+        ([100], [(100, 7)], "23505"),  # (100, 7) has its partial row stored
+    ):
+        with pytest.raises(psycopg.Error) as failed, writer.transaction():
+            writer.execute(PIPELINE.fresh_plain, _plain_args(steps, pairs))
+        assert failed.value.sqlstate == sqlstate, (pairs, failed.value)
+        if sqlstate == "ST001":
+            assert failed.value.diag.message_primary == REFUSED_FINALISED
+        assert writer.execute(counts).fetchone() == before, pairs
+    rows = writer.execute(PIPELINE.fresh_plain, _plain_args([100], [(100, 5), (100, 8)])).fetchall()
+    assert [(r[0], r[2], r[5]) for r in rows] == [(True, 100, 2)]  # ok, step, committed
+    assert writer.execute(counts).fetchone() == ([2, 0], 2, 3, 3)
+
+
 def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_read_anew(
     postgres_url: str,
 ) -> None:
@@ -262,7 +336,9 @@ def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_rea
     def text(sql: str) -> str:
         return pg_pipeline.query(sql).text.decode()
 
-    for sql in (PIPELINE.lock_pairs, PIPELINE.fresh, PIPELINE.pairs_of, PIPELINE.apply):
+    # the bodies' pairs are plain: the one-statement write is the plain one, and sent
+    # again, it fails on their keys and the batches are probed and applied
+    for sql in (PIPELINE.lock_pairs, PIPELINE.fresh_plain, PIPELINE.pairs_of, PIPELINE.apply):
         assert text(sql) in prepared, sql
     assert not [t for t in prepared if "step = ANY(" in t], prepared  # the steps read
     # psycopg prepares nothing of its own there: its DEALLOCATE ALL after a rollback
