@@ -228,11 +228,22 @@ class PostgresDialect:
         The transaction goes through libpq (:func:`.pg_pipeline.run`), each statement
         prepared once a connection: through psycopg's pipeline it cost the writer
         ~0.2 ms more CPU a group (bench/README.md, Scale)."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        if batch.is_plain():
+            statements = self.plain_statements(run, batch, added, partials, now)
+            if statements is None:
+                return None
+            try:
+                _, found = pg_pipeline.run(driver, statements)
+            except psycopg.Error as exc:  # rolled back: nothing written
+                if exc.sqlstate in NOT_FRESH:
+                    return None
+                raise
+            return changed_steps(found)
         rows = fragment_rows(run.id, batch, list(batch.fragments))
         if len(rows) >= COPY_MIN_ROWS:
             return None
-        driver = conn.connection.driver_connection
-        assert driver is not None
         pairs = sorted(batch.pairs())
         params = {
             **_fragment_params(run.id, rows),
@@ -240,28 +251,42 @@ class PostgresDialect:
             **_partial_params(partials),
             **_added_params(run, added, now),
         }
+        params |= {
+            "k_step": int8s([s for s, _ in pairs]),
+            "k_rank": int4s([r for _, r in pairs]),
+            "finalised": FINALISED,
+        }
         lock = (PIPELINE.lock_pairs, {"keys": _lock_keys(run.id, pairs)})
-        if batch.is_plain():
-            params |= {"open": StepStatus.OPEN.value, "refused": REFUSED_FINALISED}
-            try:
-                _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh_plain, params)])
-            except psycopg.Error as exc:  # rolled back: nothing written
-                if exc.sqlstate in NOT_FRESH:
-                    return None
-                raise
-        else:
-            params |= {
-                "k_step": int8s([s for s, _ in pairs]),
-                "k_rank": int4s([r for _, r in pairs]),
-                "finalised": FINALISED,
-            }
-            _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh, params)])
-            if not found[0][0]:  # ok
-                return None
-        out = [state_of_tuple(r[1:]) for r in found]
-        for row in out:
-            row.changed = True
-        return out
+        _, found = pg_pipeline.run(driver, [lock, (PIPELINE.fresh, params)])
+        if not found[0][0]:  # ok
+            return None
+        return changed_steps(found)
+
+    def plain_statements(
+        self,
+        run: RunRecord,
+        batch: PreparedBatch,
+        added: Mapping[int, Delta],
+        partials: Sequence[PartialRow],
+        now: float,
+    ) -> list[tuple[str, dict[str, Any]]] | None:
+        """The transaction that writes ``batch`` (its pairs all plain) in one statement,
+        as :meth:`store_fresh` sends it: its pairs' locks, then ``fresh_plain``
+        (:data:`NOT_FRESH`: what it fails with where its batch is not new); None for a
+        batch large enough to be copied."""
+        rows = fragment_rows(run.id, batch, list(batch.fragments))
+        if len(rows) >= COPY_MIN_ROWS:
+            return None
+        params = {
+            **_fragment_params(run.id, rows),
+            **_commit_params(batch, list(batch.commits)),
+            **_partial_params(partials),
+            **_added_params(run, added, now),
+            "open": StepStatus.OPEN.value,
+            "refused": REFUSED_FINALISED,
+        }
+        lock = {"keys": _lock_keys(run.id, batch.pairs())}
+        return [(PIPELINE.lock_pairs, lock), (PIPELINE.fresh_plain, params)]
 
     def write_steps(
         self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False
@@ -347,6 +372,14 @@ class PostgresDialect:
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
     ) -> tuple[Sequence[Any], int]:
         return sql_series.downsampled_pg(conn, params, in_range)
+
+
+def changed_steps(found: Sequence[tuple[Any, ...]]) -> list[StepState]:
+    """The step rows a fresh write returned (after its ``ok``), each marked changed."""
+    out = [state_of_tuple(r[1:]) for r in found]
+    for row in out:
+        row.changed = True
+    return out
 
 
 def _lock_keys(run_id: int, pairs: Iterable[CommitKey]) -> Int8Array:
