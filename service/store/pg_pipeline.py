@@ -99,6 +99,7 @@ def run(
     commit: bool = True,
     binary: bool = False,
     plan_each: Collection[str] = (),
+    implicit: bool = False,
 ) -> list[list[tuple[Any, ...]]]:
     """Run ``statements`` (each a text and its parameters) as one transaction, in ONE
     round trip: :func:`begin` (unless ``driver`` is in a transaction already, which they
@@ -111,9 +112,17 @@ def run(
     Each statement is prepared on the connection the first time (in the same
     pipeline): the server then plans it once, as psycopg's own preparing does. Those
     of ``plan_each`` are sent unprepared, planned for their parameters each time (a
-    plan made once for any array may read every step of a run)."""
+    plan made once for any array may read every step of a run).
+
+    ``implicit`` (with ``commit``, and ``driver`` in no transaction, with no isolation
+    level of its own): no ``BEGIN`` and no ``COMMIT`` are sent; the statements before
+    the Sync are one implicit transaction, which the server commits at the Sync (its
+    answer comes once the commit is durable) or, at an error, rolls back there: two
+    statements fewer for the server to run, and no ``ROLLBACK`` to send after an
+    error."""
     pgconn = driver.pgconn
     joined = pgconn.transaction_status in _STARTED
+    implicit = implicit and commit and not joined and driver.isolation_level is None
     prepared = _PREPARED.setdefault(driver, {})
     tx = Transformer(driver)
     result_format = pq.Format.BINARY if binary else pq.Format.TEXT
@@ -122,7 +131,7 @@ def run(
     kept: list[bool] = []  # for each result to come: a statement's rows or not
     new: dict[_Key, bytes] = {}
     try:
-        if not joined and (commit or not driver.autocommit):
+        if not joined and not implicit and (commit or not driver.autocommit):
             pgconn.send_query_params(begin(driver), None)
             kept.append(False)
         for sql, params in statements:
@@ -141,7 +150,7 @@ def run(
                 kept.append(False)
             pgconn.send_query_prepared(name, values, formats, result_format)
             kept.append(True)
-        if commit:
+        if commit and not implicit:
             pgconn.send_query_params(b"COMMIT", None)
             kept.append(False)
         pgconn.pipeline_sync()

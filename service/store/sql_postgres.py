@@ -235,7 +235,7 @@ class PostgresDialect:
             if statements is None:
                 return None
             try:
-                _, found = pg_pipeline.run(driver, statements)
+                [found] = pg_pipeline.run(driver, statements, implicit=True)
             except psycopg.Error as exc:  # rolled back: nothing written
                 if exc.sqlstate in NOT_FRESH:
                     return None
@@ -271,7 +271,7 @@ class PostgresDialect:
         now: float,
     ) -> list[tuple[str, dict[str, Any]]] | None:
         """The transaction that writes ``batch`` (its pairs all plain) in one statement,
-        as :meth:`store_fresh` sends it: its pairs' locks, then ``fresh_plain``
+        as :meth:`store_fresh` sends it: ``fresh_plain``, which takes its pairs' locks
         (:data:`NOT_FRESH`: what it fails with where its batch is not new); None for a
         batch large enough to be copied."""
         rows = fragment_rows(run.id, batch, list(batch.fragments))
@@ -285,8 +285,8 @@ class PostgresDialect:
             "open": StepStatus.OPEN.value,
             "refused": REFUSED_FINALISED,
         }
-        lock = {"keys": _lock_keys(run.id, batch.pairs())}
-        return [(PIPELINE.lock_pairs, lock), (PIPELINE.fresh_plain, params)]
+        params["keys"] = _lock_keys(run.id, batch.pairs())
+        return [(PIPELINE.fresh_plain, params)]
 
     def write_steps(
         self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False

@@ -193,6 +193,8 @@ def _fresh() -> str:
     )
 
 
+LOCK_PAIRS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS k"
+
 #: the error of :func:`_fresh_plain` where a step is finalised (``steptally_refuse``,
 #: migration 0011, raises it with the SQLSTATE ``ST001``)
 REFUSED_FINALISED = "a step of this group is finalised: the group is stored the general way"
@@ -209,15 +211,26 @@ def _fresh_plain() -> str:
     (``steptally_refuse``, SQLSTATE ``ST001``). Failing, it writes nothing; otherwise it
     returns what :func:`_fresh` returns, ``ok`` true. The lookups of :func:`_fresh`
     cost the database ~25 % of a group of 8 bodies' CPU (bench/README.md, Scale),
-    where the tables' keys check the same on their own. The steps' update reads the
-    inserts' counts, as in :func:`_fresh`, so that its rows are locked last."""
+    where the tables' keys check the same on their own.
+
+    It takes its pairs' locks itself (``%(keys)s``, as ``lock_pairs`` takes them),
+    before any insert: it reads nothing through its snapshot (a key's check and the
+    steps' upsert see the rows committed last, whoever committed them while it waited),
+    so the locks need no statement of their own. The steps' update reads the inserts'
+    counts, as in :func:`_fresh`, so that its rows are locked last."""
+    locked = "(SELECT count(*) FROM l) >= 0"
     inserted = " + ".join(f"(SELECT count(*) FROM {t})" for t in ("f", "c", "p"))
     steps = _array(STEPS.c.step, "step")
     refuse = f"steptally_refuse({_param(STEPS.c.result, 'refused')})"
+
+    def insert(table: Table, prefix: str) -> str:
+        return _unnest_insert(table, prefix=prefix, where=locked, returning=["1"])
+
     return (
-        f"WITH f AS ({_unnest_insert(FRAGMENTS, prefix='f_', returning=['1'])}), "
-        f"c AS ({_unnest_insert(COMMITS, prefix='c_', returning=['1'])}), "
-        f"p AS ({_unnest_insert(PARTIALS, prefix='p_', returning=['1'])}), "
+        f"WITH l AS ({LOCK_PAIRS}), "
+        f"f AS ({insert(FRAGMENTS, 'f_')}), "
+        f"c AS ({insert(COMMITS, 'c_')}), "
+        f"p AS ({insert(PARTIALS, 'p_')}), "
         f"s AS ({_add_to_steps(where=f'{inserted} >= 0', only_open=True)}), "
         f"g AS (SELECT CASE WHEN (SELECT count(*) FROM s) < cardinality({steps}) "
         f"THEN {refuse} ELSE true END AS ok) "
@@ -349,7 +362,7 @@ _STEPS_OF = (
 )
 
 PIPELINE = PipelineText(
-    lock_pairs="SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS k",
+    lock_pairs=LOCK_PAIRS,
     steps_of=_STEPS_OF,
     locked_steps_of=f"{_STEPS_OF} ORDER BY step FOR UPDATE",
     add_to_steps=_add_to_steps(),

@@ -17,6 +17,7 @@ stay for the connection's life and, at 4096 ranks, read whole tables for every p
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +32,12 @@ from steptally.service.store import pg_pipeline
 from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import make_engine
 from steptally.service.store.sql_postgres import FINALISED
-from steptally.service.store.sql_statement import PIPELINE, REFUSED_FINALISED, pairs_params
+from steptally.service.store.sql_statement import (
+    PIPELINE,
+    REFUSED_FINALISED,
+    pair_lock_key,
+    pairs_params,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -242,6 +248,7 @@ def _plain_args(steps: list[int], pairs: list[tuple[int, int]]) -> dict[str, Any
         "p_step": [s for s, _ in pairs], "p_rank": [r for _, r in pairs],
         "p_fragments": [1] * len(pairs), "p_state": [b"\x01"] * len(pairs),
         "open": "open", "refused": REFUSED_FINALISED,
+        "keys": sorted(pair_lock_key(1, s, r) for s, r in pairs),
     }  # fmt: skip
     return args
 
@@ -299,6 +306,39 @@ def test_the_plain_write_fails_on_a_stored_pair_or_a_finalised_step_and_writes_n
     assert writer.execute(counts).fetchone() == ([2, 0], 2, 3, 3)
 
 
+def test_the_plain_write_takes_its_pairs_locks_before_it_writes(
+    writer: psycopg.Connection, postgres_url: str
+) -> None:
+    """A writer holding a pair's lock (the general path between its probe and its
+    apply) keeps the plain write of that pair waiting; what it commits meanwhile, the
+    plain write then finds by its key, and writes nothing."""
+    writer.commit()
+    args = _plain_args([100], [(100, 5)])
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            writer.execute(PIPELINE.fresh_plain, args)
+        except psycopg.Error as exc:
+            failed.append(exc)
+        writer.rollback()
+
+    dsn = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (pair_lock_key(1, 100, 5),))
+        plain = threading.Thread(target=write)
+        plain.start()
+        plain.join(0.5)
+        assert plain.is_alive()  # waiting for the pair's lock
+        other.execute("INSERT INTO commits VALUES (1, 100, 5, 1)")
+        other.commit()
+        plain.join(10)
+    assert not plain.is_alive()
+    assert [getattr(e, "sqlstate", None) for e in failed] == ["23505"]
+    fragments = writer.execute("SELECT count(*) FROM fragments WHERE step = 100").fetchone()
+    assert fragments == (0,)
+
+
 def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_read_anew(
     postgres_url: str,
 ) -> None:
@@ -338,7 +378,7 @@ def test_a_writer_prepares_the_pairs_read_and_the_writes_but_plans_the_steps_rea
 
     # the bodies' pairs are plain: the one-statement write is the plain one, and sent
     # again, it fails on their keys and the batches are probed and applied
-    for sql in (PIPELINE.lock_pairs, PIPELINE.fresh_plain, PIPELINE.pairs_of, PIPELINE.apply):
+    for sql in (PIPELINE.fresh_plain, PIPELINE.lock_pairs, PIPELINE.pairs_of, PIPELINE.apply):
         assert text(sql) in prepared, sql
     assert not [t for t in prepared if "step = ANY(" in t], prepared  # the steps read
     # psycopg prepares nothing of its own there: its DEALLOCATE ALL after a rollback

@@ -220,6 +220,34 @@ def test_a_pipeline_runs_begin_statements_and_commit_with_one_sync(
     conn.execute("SELECT 1")  # psycopg goes on using the connection
 
 
+def test_an_implicit_pipeline_commits_at_its_sync_or_rolls_back_there(
+    conn: psycopg.Connection, url: str, tmp_path: Path
+) -> None:
+    """No ``BEGIN``, no ``COMMIT``: the statements before the Sync are one transaction,
+    committed when the answer comes; at an error nothing of it stays, and nothing more
+    is sent to roll it back."""
+    trace = tmp_path / "trace"
+    with _traced(conn, trace):
+        rows = pg_pipeline.run(
+            conn, [(_INSERT, {"k": 1, "x": 0.5}), (_INSERT, {"k": 2, "x": 1.5})], implicit=True
+        )
+    assert rows == [[(1, 0.5)], [(2, 1.5)]]
+    assert _stored(url) == [1, 2]
+    failed = tmp_path / "failed"
+    with _traced(conn, failed), pytest.raises(psycopg.errors.UniqueViolation):
+        pg_pipeline.run(
+            conn, [(_INSERT, {"k": 3, "x": 0.0}), (_INSERT, {"k": 1, "x": 0.0})], implicit=True
+        )
+    assert _stored(url) == [1, 2]  # k 3 rolled back with the rest
+    for path in (trace, failed):
+        text = path.read_text()
+        assert _syncs(path) == 1
+        assert not re.search(r"BEGIN|COMMIT|ROLLBACK", text), text
+    assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    conn.execute("SELECT 1")  # psycopg goes on using the connection
+
+
 def test_a_pipelines_rows_load_as_psycopg_loads_them(conn: psycopg.Connection) -> None:
     params = {
         "i": 2**40 + 3, "f": 1 / 3, "t": "é", "b": b"\x00\xff", "n": None, "a": [1, -2],
@@ -450,7 +478,10 @@ def test_a_finalisation_after_its_groups_commit_ends_with_its_writes(
         # a round trip: a pipeline's Sync, or a simple query (psycopg's own COMMIT)
         assert sum(kind in ("Sync", "Query") for kind, _ in sent) == 3
         commits = [i for i, (_, text) in enumerate(sent) if '"COMMIT"' in text]
-        assert len(commits) == 2  # the group's, and the finalisation's with its writes
+        # the finalisation's, with its writes (the group's transaction is implicit: it
+        # commits at its Sync)
+        assert len(commits) == 1
+        assert not any('"BEGIN"' in text for _, text in sent[: sent.index(("Sync", ""))])
         assert sent[commits[-1] - 3][1].startswith('"" "steptally_')  # after a write
         assert [kind for kind, _ in sent[commits[-1] :]] == [
             "Parse", "Bind", "Describe", "Execute", "Sync"
