@@ -35,6 +35,7 @@ def open_store(settings: Settings, *, notify: bool | None = None) -> Store:
         settings.ingest_writers,
         settings.ingest_group_linger_s,
         notify=settings.events_poll if notify is None else notify,
+        loop_writer=settings.ingest_loop_writer,
     )
     if settings.redis_url is None:
         return sql

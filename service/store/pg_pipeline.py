@@ -41,6 +41,7 @@ from functools import cache
 from typing import Any
 
 import psycopg
+import psycopg.abc
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 
@@ -231,3 +232,73 @@ def _recover(driver: psycopg.Connection[Any], synced: bool, read: bool, joined: 
             driver.rollback()
     except psycopg.Error:  # the connection broke on the way: the caller drops it
         return
+
+
+@dataclass
+class Sent:
+    """A transaction sent by :func:`send`, its results still to come: for each result,
+    whether it is a statement's rows."""
+
+    kept: list[bool]
+    tx: psycopg.abc.Transformer
+    driver: psycopg.Connection[Any]
+
+
+def send(
+    driver: psycopg.Connection[Any], statements: Sequence[tuple[str, Mapping[str, Any]]]
+) -> Sent:
+    """Send ``statements`` as ONE implicit transaction (no ``BEGIN``: the server commits
+    what runs before the Sync, or rolls all of it back at the first error) and do not
+    wait: the connection is put in pipeline mode (if it is not there already, with
+    transactions sent before still to answer). Its results come, in the order the
+    transactions were sent, to whoever reads the connection; :func:`rows_of` makes
+    them rows. The caller keeps every other use of the connection out until it has
+    read every answer and left pipeline mode (:func:`leave`).
+
+    Each statement is prepared the first time, as in :func:`run`; its name counts as
+    known from then on, so that a transaction sent behind it uses it whether or not
+    the first one commits (a prepared statement outlives its transaction)."""
+    pgconn = driver.pgconn
+    prepared = _PREPARED.setdefault(driver, {})
+    tx = Transformer(driver)
+    if pgconn.pipeline_status == pq.PipelineStatus.OFF:
+        pgconn.enter_pipeline_mode()
+    kept: list[bool] = []
+    for sql, params in statements:
+        q = query(sql)
+        values = tx.dump_sequence([params[n] for n in q.names], q.formats)
+        types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
+        key = (q.text, types)
+        name = prepared.get(key)
+        if name is None:
+            name = prepared[key] = f"steptally_{next(_names)}".encode()
+            pgconn.send_prepare(name, q.text, types)
+            kept.append(False)
+        pgconn.send_query_prepared(name, values, formats, pq.Format.TEXT)
+        kept.append(True)
+    pgconn.pipeline_sync()
+    _flush(pgconn)
+    return Sent(kept, tx, driver)
+
+
+def rows_of(sent: Sent, results: Sequence[pq.abc.PGresult]) -> list[list[tuple[Any, ...]]]:
+    """The rows of each statement of ``sent``, from its results up to its Sync; its
+    error, raised as psycopg raises it, where it failed (then the server rolled its
+    transaction back)."""
+    error = next((r for r in results if r.status not in _DONE), None)
+    if error is not None:
+        if error.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
+            _PREPARED.pop(sent.driver, None)
+        raise psycopg.errors.error_from_result(error, encoding=sent.tx.encoding)
+    rows = []
+    for result, keep in zip(results, sent.kept, strict=True):
+        if keep:
+            sent.tx.set_pgresult(result)
+            rows.append(sent.tx.load_rows(0, result.ntuples, tuple) if result.ntuples else [])
+    return rows
+
+
+def leave(driver: psycopg.Connection[Any]) -> None:
+    """Take the connection out of pipeline mode, every transaction sent answered."""
+    if driver.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        driver.pgconn.exit_pipeline_mode()

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -41,6 +41,7 @@ from steptally.service.store.dialect import dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction, writing
 from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.migration import check_current
+from steptally.service.store.pg_loop import LoopWriter
 from steptally.service.store.protocol import (
     Answer,
     BreachRecord,
@@ -86,13 +87,15 @@ class SqlStore:
         group_max_wait_s: float = 0.0,
         writers: int | None = None,
         group_linger_s: float = 0.0,
+        loop_writer: bool = True,
     ) -> None:
         """``group_max_batches`` None picks the database's default (see :mod:`.dialect`;
         1 turns grouping off); ``group_max_wait_s`` bounds a writer's wait for more
         batches, ``group_linger_s`` its wait for the rest of a burst (see
         :mod:`.group_commit`); ``writers`` None, the database's number of writer
         threads, or one in a process that may run on one core only
-        (:func:`writers_for`)."""
+        (:func:`writers_for`); ``loop_writer``: on PostgreSQL, the event loop writes the
+        groups of plain pairs that it submits (:mod:`.pg_loop`)."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
@@ -112,6 +115,10 @@ class SqlStore:
         )
         # told, on the writer thread, of every group that committed (Redis coordination)
         self.after_group: Callable[[list[Pending]], None] | None = None
+        self._on_loop = loop_writer and isinstance(self.dialect, PostgresDialect)
+        self._linger_s = group_linger_s
+        # each event loop's writer of plain groups (PostgreSQL, loop_writer)
+        self._loop_writers: dict[asyncio.AbstractEventLoop, LoopWriter] = {}
 
     @classmethod
     def from_url(
@@ -124,13 +131,20 @@ class SqlStore:
         writers: int | None = None,
         group_linger_s: float = 0.0,
         notify: bool = False,
+        loop_writer: bool = True,
     ) -> SqlStore:
         """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``;
         ``notify``: on PostgreSQL, each finalisation announced to the other processes
         (:attr:`~.sql_postgres.PostgresDialect.notify`)."""
         engine = make_engine(url, limits)
         store = cls(
-            engine, group_max_batches, group_max_bytes, group_max_wait_s, writers, group_linger_s
+            engine,
+            group_max_batches,
+            group_max_bytes,
+            group_max_wait_s,
+            writers,
+            group_linger_s,
+            loop_writer,
         )
         store.url = url
         if notify and isinstance(store.dialect, PostgresDialect):
@@ -138,6 +152,8 @@ class SqlStore:
         return store
 
     def close(self) -> None:
+        for writer in self._loop_writers.values():
+            writer.close()
         self._group.close()
         with self._writers:
             held, self._held = self._held, set()
@@ -234,8 +250,23 @@ class SqlStore:
         return self.submit(run, batch, now).result()
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
-        """:meth:`ingest` without waiting: the outcome once the batch's group committed."""
-        return self._group.submit_future(run, batch, now)
+        """:meth:`ingest` without waiting: the outcome once the batch's group committed
+        (on an event loop, a batch of plain pairs as :meth:`submit_call` takes it)."""
+        loop = _running_loop()
+        if loop is None or not self._loop_writes(batch):
+            return self._group.submit_future(run, batch, now)
+        future: Future[IngestOutcome] = Future()
+
+        def answer(outcome: IngestOutcome | None, error: BaseException | None) -> None:
+            with contextlib.suppress(InvalidStateError):  # a waiter that gave up
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    assert outcome is not None
+                    future.set_result(outcome)
+
+        self._loop_writer(loop).submit(run, batch, now, answer)
+        return future
 
     def submit_call(
         self,
@@ -245,8 +276,29 @@ class SqlStore:
         loop: asyncio.AbstractEventLoop,
         answer: Answer,
     ) -> None:
-        """:meth:`submit` answered on ``loop`` (:meth:`.GroupCommit.submit_call`)."""
+        """:meth:`submit` answered on ``loop`` (:meth:`.GroupCommit.submit_call`); on
+        PostgreSQL a batch of plain pairs is written by the loop itself (:mod:`.pg_loop`),
+        unless each group is to be told to ``after_group`` (on a writer thread)."""
+        if self._loop_writes(batch):
+            self._loop_writer(loop).submit(run, batch, now, answer)
+            return
         self._group.submit_call(run, batch, now, loop, answer)
+
+    def _loop_writes(self, batch: PreparedBatch) -> bool:
+        """Whether the event loop writes ``batch`` itself (:mod:`.pg_loop`)."""
+        return self._on_loop and self.after_group is None and batch.is_plain()
+
+    def _loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter:
+        writer = self._loop_writers.get(loop)
+        if writer is None:
+            writer = LoopWriter(self, loop, self.group_max_batches, self._linger_s, self._hand_over)
+            self._loop_writers[loop] = writer
+        return writer
+
+    def _hand_over(self, p: Pending) -> None:
+        """A batch the loop's writer leaves to the writer threads, answered from there."""
+        assert p.answer is not None
+        self._group.submit_call(p.run, p.batch, p.now, p.answer[0], p.answer[1])
 
     def queued(self) -> int:
         """Batches waiting for a writer."""
@@ -461,3 +513,11 @@ def _is_stranded(row: StepState) -> bool:
         and row.missing_ranks == 0
         and row.received == row.expected
     )
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if one is."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

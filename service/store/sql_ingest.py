@@ -28,7 +28,7 @@ the group touches it; then, or when any batch breaks a rule, it raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -147,6 +147,24 @@ def ingest_fresh(
     the caller stores them as before, and that path says what is wrong)."""
     if not dialect.finalises_after_commit:  # its steps are finalised inside: no fresh write
         return None
+    fresh = fresh_write(run, batches)
+    if fresh is None:
+        return None
+    changed = dialect.store_fresh(conn, run, *fresh)
+    if changed is None:
+        return None
+    return fresh_outcomes(batches, changed)
+
+
+#: what a fresh write hands the dialect: the merged batch, what its steps gain, its
+#: partial rows and its time
+Fresh = tuple[PreparedBatch, Mapping[int, Delta], list[PartialRow], float]
+
+
+def fresh_write(run: RunRecord, batches: Sequence[tuple[PreparedBatch, float]]) -> Fresh | None:
+    """What :func:`ingest_fresh` hands the dialect to write ``batches`` as one; None
+    where they cannot be (two of one pair, nothing to write, a batch the rules would
+    refuse: the general way says what is wrong)."""
     merged = batches[0][0] if len(batches) == 1 else merge([b for b, _ in batches])
     if not merged:  # two batches of one pair, or nothing to write
         return None
@@ -156,11 +174,14 @@ def ingest_fresh(
         rules.check(merged, assumed)
     except ServiceError:
         return None
-    deltas = rules.counted(merged, assumed)
-    rows = partial_rows(run, merged, assumed)
-    changed = dialect.store_fresh(conn, run, merged, deltas, rows, now)
-    if changed is None:
-        return None
+    return merged, rules.counted(merged, assumed), partial_rows(run, merged, assumed), now
+
+
+def fresh_outcomes(
+    batches: Sequence[tuple[PreparedBatch, float]], changed: Iterable[StepState]
+) -> list[Stored]:
+    """Each batch's outcome once :func:`fresh_write`'s write committed, ``changed`` the
+    step rows it returned."""
     touched = [set(b.steps()) for b, _ in batches]
     return _outcomes(batches, touched, _later(touched), changed)
 

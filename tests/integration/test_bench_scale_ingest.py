@@ -18,7 +18,7 @@ LINE = re.compile(
 
 def test_scale_ingest_serves_every_step_and_prints_its_figures() -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", "sqlite", "--ranks", "8", "--steps", "4",
+        [sys.executable, str(SCRIPT), "--db", "sqlite", "--ranks", "8", "--steps", "24",
          "--clients", "2"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -26,6 +26,7 @@ def test_scale_ingest_serves_every_step_and_prints_its_figures() -> None:
     match = LINE.fullmatch(done.stdout.strip().splitlines()[-1])
     assert match is not None, done.stdout
     rate, cpu, loops, others, _, reads, writes = map(float, match.groups())
+    # /proc counts CPU in ticks of 10 ms: 192 bodies take several
     assert rate > 0 and cpu > 0 and loops + others > 0
     # every body is read from its connection and answered on it, at least
     assert reads >= 1 and writes >= 1

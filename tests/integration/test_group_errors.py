@@ -33,7 +33,9 @@ def _send(api: Api, run: str, step: int, rank: int, a: float) -> Any:
 def test_a_conflict_in_a_group_of_two_runs_fails_alone_and_the_writer_goes_on(
     make_client: Any, api_of: Any
 ) -> None:
-    app, client = make_client(ingest_group_max_batches=64, ingest_writers=1)
+    app, client = make_client(
+        ingest_group_max_batches=64, ingest_writers=1, ingest_loop_writer=False
+    )
     api = api_of(client)
     for run in ("r", "q"):
         assert api.register(name=run).status_code == 201
@@ -88,6 +90,7 @@ def test_a_statement_that_fails_in_a_group_keeps_the_batches_before_it(
         ingest_group_max_batches=64,
         ingest_writers=1,
         database_statement_timeout_s=1.0,
+        ingest_loop_writer=False,  # the writer threads' groups
     )
     app = create_app(settings, sweep=False)
     with TestClient(app) as client:
@@ -137,7 +140,9 @@ def test_a_refused_batch_leaves_the_writer_its_connection(make_client: Any, api_
     """A batch the rules refuse, alone or in a group that then goes one batch at a time,
     is rolled back on a connection as good as before: the writer keeps it (a new one
     would connect and prepare its statements again for every refusal)."""
-    app, client = make_client(ingest_group_max_batches=64, ingest_writers=1)
+    app, client = make_client(
+        ingest_group_max_batches=64, ingest_writers=1, ingest_loop_writer=False
+    )
     api = api_of(client)
     for run in ("r", "q"):
         assert api.register(name=run).status_code == 201

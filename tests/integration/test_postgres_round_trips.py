@@ -454,7 +454,8 @@ def test_a_finalisation_after_its_groups_commit_ends_with_its_writes(
             driver.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         return run(driver, *args, **kwargs)
 
-    app = create_app(Settings(database_url=postgres_url, ingest_writers=1), sweep=False)
+    settings = Settings(database_url=postgres_url, ingest_writers=1, ingest_loop_writer=False)
+    app = create_app(settings, sweep=False)  # a writer thread's group
     with TestClient(app) as client, ExitStack() as files:
         spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count"}}
         assert client.post("/v1/runs", json=spec).status_code == 201

@@ -2,7 +2,9 @@
 
 A gate holds the first ingest transaction open at its ``COMMIT`` while the other
 requests arrive, so the grouping is deterministic: every request that arrives
-meanwhile queues and goes into the next transaction together.
+meanwhile queues and goes into the next transaction together. These are the writer
+threads' groups: PostgreSQL's event loop writes none (``ingest_loop_writer`` off; its
+own groups: ``tests/integration/test_loop_writer.py``).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def _run_gated(
 def app_and_client(make_client: Any) -> Any:
     """Grouping on, 64 batches at most (the default, set here whatever it becomes), one
     writer (so that every batch that queues behind the gated one waits for it)."""
-    return make_client(ingest_group_max_batches=64, ingest_writers=1)
+    return make_client(ingest_group_max_batches=64, ingest_writers=1, ingest_loop_writer=False)
 
 
 def _batches(app: Any) -> float:
@@ -196,7 +198,7 @@ def test_conflicting_batch_fails_alone_inside_its_group(
 
 
 def test_grouping_can_be_turned_off(make_client: Any, api_of: Any) -> None:
-    app, client = make_client(ingest_group_max_batches=1)
+    app, client = make_client(ingest_group_max_batches=1, ingest_loop_writer=False)
     api = api_of(client)
     assert app.state.store.group_max_batches == 1
     gate = CommitGate(app)
@@ -233,7 +235,7 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
     """Each replica's groups take their batches' step locks in arrival order; taken up
     front in step order instead, two replicas' groups never wait on each other in a
     cycle (a deadlock would fail a whole group)."""
-    apps = [make_client(ingest_group_max_batches=64) for _ in range(2)]
+    apps = [make_client(ingest_group_max_batches=64, ingest_loop_writer=False) for _ in range(2)]
     apis = [api_of(client) for _, client in apps]
     ranks, steps = 16, 4
     apis[0].register(name="d", world_size=ranks)
@@ -262,7 +264,9 @@ def test_groups_of_two_replicas_do_not_deadlock(make_client: Any, api_of: Any) -
 
 
 def test_grouping_defaults_to_64_batches_on_two_writers(make_client: Any) -> None:
-    app, _ = make_client()  # no ingest_group_max_batches: the database's default
+    app, _ = make_client(
+        ingest_loop_writer=False
+    )  # no ingest_group_max_batches: the database's default
     store = app.state.store
     assert (store.group_max_batches, store._group._writers) == (64, 2)
 
@@ -272,7 +276,9 @@ def test_a_second_writer_stores_groups_while_the_first_waits_on_its_commit(
 ) -> None:
     if db_url.startswith("sqlite"):
         pytest.skip("SQLite has one writer at a time")
-    app, client = make_client(ingest_group_max_batches=64, ingest_writers=2)
+    app, client = make_client(
+        ingest_group_max_batches=64, ingest_writers=2, ingest_loop_writer=False
+    )
     api = api_of(client)
     gate = CommitGate(app)
     try:
