@@ -18,7 +18,7 @@ an array of another type is refused by the server, never misread.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
@@ -117,18 +117,23 @@ def float8s(values: Sequence[float | None]) -> Float8Array:
 
 
 def byteas(values: Sequence[bytes | None]) -> ByteaArray:
-    """``values`` as a ``BYTEA[]``, None a null."""
-
-    def elements() -> Iterator[bytes]:
-        pack = _LENGTH.pack
-        for v in values:
-            if v is None:
-                yield _NULL
-            else:
-                yield pack(len(v))
-                yield v
-
-    return _joined(ByteaArray, values, elements())  # type: ignore[return-value]
+    """``values`` as a ``BYTEA[]``, None a null (the elements joined once: a generator
+    of them cost a group's writer ~20 µs, bench/README.md)."""
+    n = len(values)
+    if not n:
+        return _empty(ByteaArray)  # type: ignore[return-value]
+    pack = _LENGTH.pack
+    parts = [b""]
+    nulls = 0
+    for v in values:
+        if v is None:
+            parts.append(_NULL)
+            nulls = 1
+        else:
+            parts.append(pack(len(v)))
+            parts.append(v)
+    parts[0] = _HEAD.pack(1, nulls, ByteaArray.element_oid) + _DIMENSION.pack(n, 1)
+    return ByteaArray(b"".join(parts))
 
 
 class _ArrayDumper(Dumper):
