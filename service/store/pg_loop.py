@@ -212,12 +212,17 @@ class LoopWriter:
     def _send(self, items: list[Pending]) -> None:
         run = items[0].run
         batches = [(p.batch, p.now) for p in items]
-        fresh = None
-        if all(p.run.id == run.id for p in items):
-            fresh = sql_ingest.fresh_write(run, batches)
         dialect = self._store.dialect
         assert isinstance(dialect, PostgresDialect) and self._driver is not None
-        statements = None if fresh is None else dialect.plain_statements(run, *fresh)
+        try:
+            fresh = None
+            if all(p.run.id == run.id for p in items):
+                fresh = sql_ingest.fresh_write(run, batches)
+            statements = None if fresh is None else dialect.plain_statements(run, *fresh)
+        except Exception as exc:  # a fault of ours: the batches are told, none is lost
+            log.exception("making a group of %d batches", len(items))
+            self._answer(items, exc)
+            return
         if statements is None:  # the general way says what it is
             self._hand_over(items)
             return
@@ -286,6 +291,8 @@ class LoopWriter:
             self._store._finalise_after(group.run, stored, nows)
 
         def finalised(task: asyncio.Future[None]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("finalising after a group", exc_info=task.exception())
             self._answer(group.items)  # durable, finalised or (logged) not
 
         self._loop.run_in_executor(None, finalise).add_done_callback(finalised)

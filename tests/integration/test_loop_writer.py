@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from steptally.service.store import pg_pipeline
+from steptally.service.store import pg_pipeline, sql_ingest
 from steptally.service.store.sql_statement import PIPELINE
 from tests.integration.conftest import _empty
 
@@ -172,3 +172,23 @@ def test_the_loop_writer_can_be_turned_off(postgres_url: str, sends: list[int]) 
             c.post("/v1/runs/r/fragments", content=_body((0, rank, 1.0)), headers=JSON)
         assert app.state.store._loop_writers == {}
     assert sends == []
+
+
+def test_a_group_that_cannot_be_made_is_answered_with_its_error(
+    client: TestClient, sends: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of the service's own while the loop makes a group: its batches are
+    answered with it (the test client raises what the app answers 500), nothing is
+    sent, and the next group goes as before."""
+    fresh_write = sql_ingest.fresh_write
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("a fault of ours")
+
+    monkeypatch.setattr(sql_ingest, "fresh_write", broken)
+    with pytest.raises(ValueError, match="a fault of ours"):
+        client.post("/v1/runs/r/fragments", content=_body((1, 0, 1.0)), headers=JSON)
+    assert sends == []
+    monkeypatch.setattr(sql_ingest, "fresh_write", fresh_write)
+    assert _post(client, _body((1, 0, 1.0)))["accepted"] == 1
+    assert sends == [1]
