@@ -19,6 +19,7 @@ not answered, on both doors, so the app's exception handlers
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -29,13 +30,14 @@ from starlette.types import Receive, Scope, Send
 
 from steptally.service.api.body import decode_content, inflated_size, read_limited
 from steptally.service.api.deps import RUN_PATTERN, RunName
-from steptally.service.api.handoff import Handoff, awaited
+from steptally.service.api.handoff import Handoff
 from steptally.service.api.limits import BodyBudget
 from steptally.service.api.schemas import IngestAnswer, JsonResponse, errors, json_bytes
 from steptally.service.errors import ServiceError
 from steptally.service.settings import Settings
+from steptally.service.store.protocol import IngestOutcome
 from steptally.service.usecase.facade import Service
-from steptally.service.usecase.ingest import Prepared
+from steptally.service.usecase.ingest import Ingest, Prepared
 
 PATH = "/v1/runs/{run}/fragments"
 #: a body of at most this many bytes (uncompressed) is decoded on the event loop:
@@ -93,13 +95,34 @@ async def ingest(request: Request, run: str, partial: bool) -> bytes:
         small = not inflated and len(raw) <= INLINE_BYTES and service.runs.cached(run)
         prepared = prepare() if small else await handoff.run(prepare)
         try:  # a deadline that cancels this wait leaves the batch to its writer
-            outcome = await awaited(service.ingest.submit(prepared))
+            outcome = await _stored(service.ingest, prepared)
         except ServiceError as exc:
             service.ingest.refused(prepared, exc)
             raise
         return json_bytes(service.ingest.answered(prepared, outcome, arrived))
     finally:
         budget.release(held)
+
+
+def _stored(ingest: Ingest, prepared: Prepared) -> asyncio.Future[IngestOutcome]:
+    """The outcome of ``prepared`` once its group committed, answered on this event loop
+    (:meth:`~steptally.service.usecase.ingest.Ingest.submit_call`: on PostgreSQL the loop
+    may write the group itself). A waiter that is cancelled (the request deadline)
+    cancels only this future: the batch goes on to its end with its writer."""
+    loop = asyncio.get_running_loop()
+    waiting: asyncio.Future[IngestOutcome] = loop.create_future()
+
+    def answer(outcome: IngestOutcome | None, error: BaseException | None) -> None:
+        if waiting.cancelled():
+            return
+        if error is not None:
+            waiting.set_exception(error)
+        else:
+            assert outcome is not None
+            waiting.set_result(outcome)
+
+    ingest.submit_call(prepared, loop, answer)
+    return waiting
 
 
 _LANE_PATH = re.compile(r"/v1/runs/(" + RUN_PATTERN.strip("^$") + r")/fragments")

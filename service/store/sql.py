@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -250,23 +250,8 @@ class SqlStore:
         return self.submit(run, batch, now).result()
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float) -> Future[IngestOutcome]:
-        """:meth:`ingest` without waiting: the outcome once the batch's group committed
-        (on an event loop, a batch of plain pairs as :meth:`submit_call` takes it)."""
-        loop = _running_loop()
-        if loop is None or not self._loop_writes(batch):
-            return self._group.submit_future(run, batch, now)
-        future: Future[IngestOutcome] = Future()
-
-        def answer(outcome: IngestOutcome | None, error: BaseException | None) -> None:
-            with contextlib.suppress(InvalidStateError):  # a waiter that gave up
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    assert outcome is not None
-                    future.set_result(outcome)
-
-        self._loop_writer(loop).submit(run, batch, now, answer)
-        return future
+        """:meth:`ingest` without waiting: the outcome once the batch's group committed."""
+        return self._group.submit_future(run, batch, now)
 
     def submit_call(
         self,
@@ -513,11 +498,3 @@ def _is_stranded(row: StepState) -> bool:
         and row.missing_ranks == 0
         and row.received == row.expected
     )
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop running on this thread, if one is."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
