@@ -35,6 +35,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -56,19 +57,14 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0
 
 
+@dataclass(slots=True)
 class _Group:
     """A group sent, its answer still to come."""
 
-    __slots__ = ("batches", "items", "run", "sent")
-
-    def __init__(
-        self,
-        items: list[Pending],
-        run: RunRecord,
-        batches: list[tuple[PreparedBatch, float]],
-        sent: pg_pipeline.Sent,
-    ) -> None:
-        self.items, self.run, self.batches, self.sent = items, run, batches, sent
+    items: list[Pending]
+    run: RunRecord
+    batches: list[tuple[PreparedBatch, float]]
+    sent: pg_pipeline.Sent
 
 
 class LoopWriter:
@@ -120,16 +116,13 @@ class LoopWriter:
         self._send_ready()
 
     def close(self) -> None:
-        """Fail what is sent and queued (nothing of it is known durable) and let the
-        connection go."""
+        """Fail the group sent (nothing of it is known durable), hand what is queued to
+        the writer threads, which store it before they stop, and let the connection go."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        closed = RuntimeError("the store is closed")
-        self._lost(closed)
-        queued, self._queue = list(self._queue), deque()
-        self._answer(queued, closed)
+        self._lost(RuntimeError("the store is closed"))
 
     # -- the connection -------------------------------------------------------------
 

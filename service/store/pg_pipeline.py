@@ -136,21 +136,7 @@ def run(
             pgconn.send_query_params(begin(driver), None)
             kept.append(False)
         for sql, params in statements:
-            q = query(sql)
-            values = tx.dump_sequence([params[n] for n in q.names], q.formats)
-            types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
-            if sql in plan_each:
-                pgconn.send_query_params(q.text, values, types, formats, result_format)
-                kept.append(True)
-                continue
-            key = (q.text, types)
-            name = prepared.get(key) or new.get(key)
-            if name is None:
-                name = new[key] = f"steptally_{next(_names)}".encode()
-                pgconn.send_prepare(name, q.text, types)
-                kept.append(False)
-            pgconn.send_query_prepared(name, values, formats, result_format)
-            kept.append(True)
+            _send(pgconn, tx, sql, params, result_format, kept, prepared, new, sql in plan_each)
         if commit and not implicit:
             pgconn.send_query_params(b"COMMIT", None)
             kept.append(False)
@@ -163,13 +149,59 @@ def run(
     except BaseException:
         _recover(driver, synced, read, joined)
         raise
+    if any(r.status not in _DONE for r in results):
+        _recover(driver, True, True, joined)
+    rows = _rows(driver, tx, results, kept)
+    prepared.update(new)
+    return rows
+
+
+def _send(
+    pgconn: pq.abc.PGconn,
+    tx: psycopg.abc.Transformer,
+    sql: str,
+    params: Mapping[str, Any],
+    result_format: pq.Format,
+    kept: list[bool],
+    prepared: Mapping[_Key, bytes],
+    new: dict[_Key, bytes],
+    unprepared: bool = False,
+) -> None:
+    """Queue one statement on ``pgconn`` (in pipeline mode): prepared under a name of
+    ``prepared`` or ``new`` (a new one added to ``new`` and its ``Parse`` sent first),
+    or (``unprepared``) planned for its parameters; ``kept`` gains whether each result
+    to come is the statement's rows."""
+    q = query(sql)
+    values = tx.dump_sequence([params[n] for n in q.names], q.formats)
+    types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
+    if unprepared:
+        pgconn.send_query_params(q.text, values, types, formats, result_format)
+        kept.append(True)
+        return
+    key = (q.text, types)
+    name = prepared.get(key) or new.get(key)
+    if name is None:
+        name = new[key] = f"steptally_{next(_names)}".encode()
+        pgconn.send_prepare(name, q.text, types)
+        kept.append(False)
+    pgconn.send_query_prepared(name, values, formats, result_format)
+    kept.append(True)
+
+
+def _rows(
+    driver: psycopg.Connection[Any],
+    tx: psycopg.abc.Transformer,
+    results: Sequence[pq.abc.PGresult],
+    kept: Sequence[bool],
+) -> list[list[tuple[Any, ...]]]:
+    """Each statement's rows from its transaction's ``results``; the first error
+    raised as psycopg raises it (a prepared name gone: the connection's names
+    forgotten, to be prepared anew)."""
     error = next((r for r in results if r.status not in _DONE), None)
     if error is not None:
-        _recover(driver, True, True, joined)
         if error.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
             _PREPARED.pop(driver, None)  # deallocated behind our back: prepare anew
         raise psycopg.errors.error_from_result(error, encoding=tx.encoding)
-    prepared.update(new)
     rows = []
     for result, keep in zip(results, kept, strict=True):
         if keep:
@@ -265,17 +297,7 @@ def send(
         pgconn.enter_pipeline_mode()
     kept: list[bool] = []
     for sql, params in statements:
-        q = query(sql)
-        values = tx.dump_sequence([params[n] for n in q.names], q.formats)
-        types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
-        key = (q.text, types)
-        name = prepared.get(key)
-        if name is None:
-            name = prepared[key] = f"steptally_{next(_names)}".encode()
-            pgconn.send_prepare(name, q.text, types)
-            kept.append(False)
-        pgconn.send_query_prepared(name, values, formats, pq.Format.TEXT)
-        kept.append(True)
+        _send(pgconn, tx, sql, params, pq.Format.TEXT, kept, prepared, prepared)
     pgconn.pipeline_sync()
     _flush(pgconn)
     return Sent(kept, tx, driver)
@@ -285,17 +307,7 @@ def rows_of(sent: Sent, results: Sequence[pq.abc.PGresult]) -> list[list[tuple[A
     """The rows of each statement of ``sent``, from its results up to its Sync; its
     error, raised as psycopg raises it, where it failed (then the server rolled its
     transaction back)."""
-    error = next((r for r in results if r.status not in _DONE), None)
-    if error is not None:
-        if error.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
-            _PREPARED.pop(sent.driver, None)
-        raise psycopg.errors.error_from_result(error, encoding=sent.tx.encoding)
-    rows = []
-    for result, keep in zip(results, sent.kept, strict=True):
-        if keep:
-            sent.tx.set_pgresult(result)
-            rows.append(sent.tx.load_rows(0, result.ntuples, tuple) if result.ntuples else [])
-    return rows
+    return _rows(sent.driver, sent.tx, results, sent.kept)
 
 
 def leave(driver: psycopg.Connection[Any]) -> None:

@@ -245,16 +245,10 @@ class PostgresDialect:
                     return None
                 raise
             return changed_steps(found)
-        rows = fragment_rows(run.id, batch, list(batch.fragments))
-        if len(rows) >= COPY_MIN_ROWS:
+        params = _fresh_params(run, batch, added, partials, now)
+        if params is None:
             return None
         pairs = sorted(batch.pairs())
-        params = {
-            **_fragment_params(run.id, rows),
-            **_commit_params(batch, list(batch.commits)),
-            **_partial_params(partials),
-            **_added_params(run, added, now),
-        }
         params |= {
             "k_step": int8s([s for s, _ in pairs]),
             "k_rank": int4s([r for _, r in pairs]),
@@ -278,18 +272,14 @@ class PostgresDialect:
         as :meth:`store_fresh` sends it: ``fresh_plain``, which takes its pairs' locks
         (:data:`NOT_FRESH`: what it fails with where its batch is not new); None for a
         batch large enough to be copied."""
-        rows = fragment_rows(run.id, batch, list(batch.fragments))
-        if len(rows) >= COPY_MIN_ROWS:
+        params = _fresh_params(run, batch, added, partials, now)
+        if params is None:
             return None
-        params = {
-            **_fragment_params(run.id, rows),
-            **_commit_params(batch, list(batch.commits)),
-            **_partial_params(partials),
-            **_added_params(run, added, now),
+        params |= {
             "open": StepStatus.OPEN.value,
             "refused": REFUSED_FINALISED,
+            "keys": _lock_keys(run.id, batch.pairs()),
         }
-        params["keys"] = _lock_keys(run.id, batch.pairs())
         return [(PIPELINE.fresh_plain, params)]
 
     def write_steps(
@@ -376,6 +366,26 @@ class PostgresDialect:
         self, conn: Connection, params: dict[str, Any], in_range: list[Any]
     ) -> tuple[Sequence[Any], int]:
         return sql_series.downsampled_pg(conn, params, in_range)
+
+
+def _fresh_params(
+    run: RunRecord,
+    batch: PreparedBatch,
+    added: Mapping[int, Delta],
+    partials: Sequence[PartialRow],
+    now: float,
+) -> dict[str, Any] | None:
+    """A fresh write's rows as parameters: every fragment, commit and partial row of
+    ``batch`` new, ``added`` to its steps; None for a batch large enough to be copied."""
+    rows = fragment_rows(run.id, batch, list(batch.fragments))
+    if len(rows) >= COPY_MIN_ROWS:
+        return None
+    return {
+        **_fragment_params(run.id, rows),
+        **_commit_params(batch, list(batch.commits)),
+        **_partial_params(partials),
+        **_added_params(run, added, now),
+    }
 
 
 def changed_steps(found: Sequence[tuple[Any, ...]]) -> list[StepState]:
