@@ -338,11 +338,10 @@ class SqlStore:
         try:
             with self._write() as conn:
                 batches = [(p.batch, p.now) for p in group]
+                reload = self._reloader(conn, run)
                 stored = sql_ingest.ingest_fresh(
-                    conn, self.dialect, run, batches
-                ) or sql_ingest.ingest_merged(
-                    conn, self.dialect, run, batches, self._reloader(conn, run)
-                )
+                    conn, self.dialect, run, batches, reload
+                ) or sql_ingest.ingest_merged(conn, self.dialect, run, batches, reload)
         except Exception:  # NotMerged, or a batch the database refused: one by one
             return False
         try:

@@ -84,7 +84,7 @@ def ingest(
     remains) and the error propagates.
     """
     if not savepoint:
-        fresh = ingest_fresh(conn, dialect, run, [(batch, now)])
+        fresh = ingest_fresh(conn, dialect, run, [(batch, now)], reload)
         if fresh is not None:
             return fresh[0]
         stored = _store(conn, dialect, run, batch, now, None)
@@ -135,25 +135,34 @@ def ingest_fresh(
     dialect: Dialect,
     run: RunRecord,
     batches: Sequence[tuple[PreparedBatch, float]],
+    reload: Reload | None = None,
 ) -> list[Stored] | None:
     """Store ``batches`` (each with its arrival time, no two sharing a (step, rank)
-    pair) of ``run`` as ONE new batch, whole transaction committed
-    (:meth:`~.dialect.Dialect.store_fresh`), where nothing of their pairs is stored yet
-    and none of their steps is finalised: what a reporter sends, each rank each step
-    once. The rules run as they would against a store holding nothing of the pairs, so
-    every fragment and commit is new and the steps' counters gain all of them. Returns
-    what :func:`ingest_merged` would, or None, with nothing stored, when the dialect
-    found something stored, a step finalised, or the rules would refuse a batch (then
-    the caller stores them as before, and that path says what is wrong)."""
-    if not dialect.finalises_after_commit:  # its steps are finalised inside: no fresh write
-        return None
+    pair) of ``run`` as ONE new batch (:meth:`~.dialect.Dialect.store_fresh`: on
+    PostgreSQL the whole transaction, committed; on SQLite, plain pairs only, inside the
+    group's transaction, their completed steps finalised there with ``reload``), where
+    nothing of their pairs is stored yet and none of their steps is finalised: what a
+    reporter sends, each rank each step once. The rules run as they would against a
+    store holding nothing of the pairs, so every fragment and commit is new and the
+    steps' counters gain all of them. Returns what :func:`ingest_merged` would, or None,
+    with nothing stored, when the dialect found something stored, a step finalised, or
+    the rules would refuse a batch (then the caller stores them as before, and that path
+    says what is wrong)."""
+    if not dialect.finalises_after_commit and not all(b.is_plain() for b, _ in batches):
+        return None  # SQLite's fresh write takes only plain pairs: not worth its rules
     fresh = fresh_write(run, batches)
     if fresh is None:
         return None
     changed = dialect.store_fresh(conn, run, *fresh)
     if changed is None:
         return None
-    return fresh_outcomes(batches, changed)
+    out = fresh_outcomes(batches, changed)
+    if not dialect.finalises_after_commit:  # inside the transaction, as ingest_merged does
+        assert reload is not None, "a dialect that finalises inside needs the run's reload"
+        reload = _once(reload)
+        for one, (_, now) in zip(out, batches, strict=True):
+            one.outcome.finalised.extend(_finalise(conn, dialect, run, reload, one.changed, now))
+    return out
 
 
 #: what a fresh write hands the dialect: the merged batch, what its steps gain, its

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Column, Table, bindparam, select
 from sqlalchemy.dialects import postgresql
 
+from steptally.service.domain.progress import StepStatus
 from steptally.service.store.models import (
     Breach,
     Commit,
@@ -442,6 +443,10 @@ class SqliteText:
     insert_commits: RowsInsert
     upsert_partials: RowsInsert
     upsert_steps: RowsInsert  # step rows; a stored one takes the row's counters
+    insert_partials: RowsInsert  # a plain write's partial rows: one stored breaks the key
+    # a plain write's new step rows; a stored open one gains their counters, one of
+    # another status stays as it was; returns the rows it wrote, as they now stand
+    add_to_steps: RowsInsert
     upsert_values: RowsInsert  # step_values rows, replacing a step's earlier values
     # run, step, run, step: (0, rank, fragments, state) of its partial rows, then
     # (1, rank, fragments, NULL) of its commits
@@ -482,6 +487,14 @@ SQLITE = SqliteText(
         STEPS,
         " ON CONFLICT (run_id, step) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in _counters),
+    ),
+    insert_partials=_rows_insert(PARTIALS),
+    add_to_steps=_rows_insert(
+        STEPS,
+        " ON CONFLICT (run_id, step) DO UPDATE SET "
+        + ", ".join(f"{c} = {c} + excluded.{c}" for c in _counters[:3])
+        + ", missing_ranks = missing_ranks - excluded.committed_ranks"
+        + f" WHERE status = '{StepStatus.OPEN.value}' RETURNING {_names(list(STEPS.c))}",
     ),
     upsert_values=_rows_insert(
         STEP_VALUES,
