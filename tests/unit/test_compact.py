@@ -21,6 +21,7 @@ from steptally.service.domain import compact, partial
 from steptally.service.domain.batch import PreparedBatch, plain_of, prepare
 from steptally.service.domain.run import RunRecord
 from steptally.service.errors import ServiceError
+from steptally.service.store.group_commit import batch_bytes
 
 KINDS = {"a": "sum", "b": "sum", "n": "count", "g": "count", "lo": "min", "hi": "max"}
 SPEC = MetricSpec.from_json({"metrics": KINDS, "guards": {"hi": "g"}})
@@ -65,6 +66,10 @@ def _same(fast: PreparedBatch, general: PreparedBatch) -> None:
     assert list(fast.plain) == list(general.plain)
     assert fast.columnar and general.columnar
     assert fast.rejected == general.rejected == []
+    # a plain batch's size is its pairs' (one a pair), the same as its fragments'
+    cells = fast.fragments.values()
+    size = sum(len(v) + len(p or b"") + len(t or b"") for v, p, t in cells)
+    assert batch_bytes(fast) == batch_bytes(general) == size + 16 * len(fast.commits)
 
 
 @st.composite
