@@ -1,6 +1,6 @@
 /* The exact partial state of fragments, compiled: steptally.service.domain._partial.
  *
- * Two functions over the binary form of a partial state that
+ * Functions over the binary form of a partial state that
  * steptally/service/domain/partial.py defines (and implements in Python, byte for byte
  * the same):
  *
@@ -14,7 +14,12 @@
  *   canonical(values, width, kinds, nan) -> bytes | None
  *       full-width rows as the service keeps them (every NaN as ``nan``), or None when
  *       a count column holds a value that is not a count (the ingest's fast path for
- *       the reporter's body: ``service/domain/compact.py``).
+ *       the reporter's body: ``service/domain/compact.py``);
+ *   pack(steps, ranks, seqs, rows, world_size, commits, kinds, guards, width)
+ *       that fast path's packing of such rows: the fragments by key, their origins,
+ *       each (step, rank)'s count and combined state, and its plain pairs (each one's
+ *       rows joined in seq order), or None when the keys are not integers in range,
+ *       a rank is not below the world size or a key comes twice.
  *
  * A sum is kept as an exact integer in units of 2**-1074: every finite float64 is
  * m * 2**s there, with a 53-bit m and 0 <= s <= 2045, so it adds into an array of
@@ -517,12 +522,253 @@ done:
     return out;
 }
 
+/* -- pack ---------------------------------------------------------------------------- */
+
+/* the integers of ``list`` (exact ints from 0 to 2**63 - 1) into ``out``; 0: one is not */
+static int int64s(PyObject *list, Py_ssize_t n, int64_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(list, i);
+        if (!PyLong_CheckExact(x)) return 0;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow || v < 0) return 0;
+        out[i] = (int64_t)v;
+    }
+    return 1;
+}
+
+/* the rows ``index[0..count)`` of ``rows`` (``size`` bytes each), joined: ``rows``
+ * itself when they are all of it in order */
+static PyObject *joined_rows(PyObject *rows, const Py_ssize_t *index, Py_ssize_t count,
+                             Py_ssize_t n, Py_ssize_t size) {
+    if (count == n) {
+        Py_ssize_t i = 0;
+        while (i < count && index[i] == i) i++;
+        if (i == count) return Py_NewRef(rows);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * size);
+    if (out == NULL) return NULL;
+    char *to = PyBytes_AS_STRING(out);
+    const char *from = PyBytes_AS_STRING(rows);
+    for (Py_ssize_t i = 0; i < count; i++) memcpy(to + i * size, from + index[i] * size, size);
+    return out;
+}
+
+/* one pair's state and plain rows into ``states`` and ``plain`` (a pair of ``commits``
+ * with ``count`` fragments, seqs 0 to count - 1, is plain); -1: an error */
+static int pack_pair(PyObject *pair, Py_ssize_t *index, Py_ssize_t count, const int64_t *seqs,
+                     PyObject *rows, Py_ssize_t n, Py_ssize_t width, const unsigned char *k,
+                     const int32_t *g, PyObject *commits, PyObject *states, PyObject *plain) {
+    Py_ssize_t size = 8 * width;
+    PyObject *joined = joined_rows(rows, index, count, n, size);
+    if (joined == NULL) return -1;
+    int rc = -1;
+    PyObject *state = NULL, *item = NULL, *ranked = NULL;
+    State *cols = PyMem_RawMalloc(sizeof(State) * (size_t)width);
+    if (cols == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    init_states(cols, width);
+    combine_into(cols, (const unsigned char *)PyBytes_AS_STRING(joined), count, width, k, g);
+    state = finish(cols, width);
+    if (state == NULL) goto done;
+    item = Py_BuildValue("(nO)", count, state);
+    if (item == NULL || PyDict_SetItem(states, pair, item) < 0) goto done;
+    PyObject *declared = PyDict_GetItemWithError(commits, pair); /* borrowed */
+    if (declared == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    int overflow = 0;
+    long long c = PyLong_AsLongLongAndOverflow(declared, &overflow);
+    if (c == -1 && PyErr_Occurred()) goto done;
+    if (overflow || c != (long long)count) {
+        rc = 0;
+        goto done;
+    }
+    int in_order = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (seqs[index[i]] != i) in_order = 0;
+    }
+    if (!in_order) { /* plain if its seqs are 0 to count - 1 in another order */
+        Py_ssize_t *by_seq = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)count);
+        if (by_seq == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) by_seq[i] = -1;
+        int permutation = 1;
+        for (Py_ssize_t i = 0; i < count && permutation; i++) {
+            int64_t q = seqs[index[i]];
+            if (q >= count || by_seq[q] >= 0) permutation = 0;
+            else by_seq[q] = index[i];
+        }
+        if (permutation) ranked = joined_rows(rows, by_seq, count, n, size);
+        PyMem_Free(by_seq);
+        if (!permutation) {
+            rc = 0;
+            goto done;
+        }
+        if (ranked == NULL) goto done;
+    }
+    Py_XDECREF(item);
+    item = Py_BuildValue("(nO)", count, ranked != NULL ? ranked : joined);
+    if (item == NULL || PyDict_SetItem(plain, pair, item) < 0) goto done;
+    rc = 0;
+done:
+    PyMem_RawFree(cols);
+    Py_XDECREF(joined);
+    Py_XDECREF(state);
+    Py_XDECREF(item);
+    Py_XDECREF(ranked);
+    return rc;
+}
+
+static PyObject *pack(PyObject *self, PyObject *args) {
+    PyObject *steps, *ranks, *seqs, *rows, *commits;
+    Py_buffer kinds, guards;
+    Py_ssize_t width, world_size;
+    if (!PyArg_ParseTuple(args, "O!O!O!SnO!y*y*n", &PyList_Type, &steps, &PyList_Type, &ranks,
+                          &PyList_Type, &seqs, &rows, &world_size, &PyDict_Type, &commits,
+                          &kinds, &guards, &width))
+        return NULL;
+    PyObject *out = NULL, *fragments = NULL, *origin = NULL, *states = NULL, *plain = NULL;
+    PyObject *pair_of = NULL;
+    int64_t *v = NULL;
+    Py_ssize_t *index = NULL, *first = NULL, *next = NULL;
+    int32_t *g = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(steps), size = 8 * width;
+    if (width <= 0 || width > MAX_COLUMNS || kinds.len != width || guards.len != 4 * width) {
+        PyErr_SetString(PyExc_ValueError, "kinds and guards do not fit the width");
+        goto done;
+    }
+    if (n == 0 || PyList_GET_SIZE(ranks) != n || PyList_GET_SIZE(seqs) != n ||
+        PyBytes_GET_SIZE(rows) != n * size)
+        goto none;
+    v = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)n);
+    index = PyMem_Malloc(sizeof(Py_ssize_t) * 3 * (size_t)n);
+    g = PyMem_Malloc(sizeof(int32_t) * (size_t)width);
+    if (v == NULL || index == NULL || g == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    first = index + n; /* first[p]: pair p's first row; next[i]: the row after i of its pair */
+    next = index + 2 * n;
+    int64_t *s = v, *r = v + n, *q = v + 2 * n;
+    if (!int64s(steps, n, s) || !int64s(ranks, n, r) || !int64s(seqs, n, q)) goto none;
+    const unsigned char *k = kinds.buf;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        const unsigned char *p = (const unsigned char *)guards.buf + 4 * j;
+        g[j] = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                         (uint32_t)p[3] << 24);
+        if (k[j] > KIND_MAX || g[j] >= width || g[j] < -1) {
+            PyErr_SetString(PyExc_ValueError, "a kind or a guard is out of range");
+            goto done;
+        }
+    }
+    fragments = PyDict_New();
+    origin = PyDict_New();
+    states = PyDict_New();
+    plain = PyDict_New();
+    pair_of = PyDict_New();
+    if (!fragments || !origin || !states || !plain || !pair_of) goto done;
+    Py_ssize_t pairs = 0;
+    Py_ssize_t *last = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n); /* pair p's last row */
+    if (last == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char *from = PyBytes_AS_STRING(rows);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (r[i] >= world_size) {
+            PyMem_Free(last);
+            goto none;
+        }
+        PyObject *st = PyList_GET_ITEM(steps, i), *rk = PyList_GET_ITEM(ranks, i);
+        PyObject *key = PyTuple_Pack(3, st, rk, PyList_GET_ITEM(seqs, i));
+        PyObject *cell = NULL, *row = NULL, *at = NULL, *pair = NULL;
+        int bad = key == NULL;
+        if (!bad) {
+            int had = PyDict_Contains(fragments, key);
+            if (had != 0) { /* a key twice (or an error) */
+                Py_DECREF(key);
+                PyMem_Free(last);
+                if (had < 0) goto done;
+                goto none;
+            }
+            row = PyBytes_FromStringAndSize(from + i * size, size);
+            cell = row ? PyTuple_Pack(3, row, Py_None, Py_None) : NULL;
+            at = PyLong_FromSsize_t(i);
+            pair = PyTuple_Pack(2, st, rk);
+            bad = cell == NULL || at == NULL || pair == NULL ||
+                  PyDict_SetItem(fragments, key, cell) < 0 || PyDict_SetItem(origin, key, at) < 0;
+        }
+        PyObject *known = bad ? NULL : PyDict_GetItemWithError(pair_of, pair); /* borrowed */
+        if (!bad && known == NULL) {
+            if (PyErr_Occurred()) bad = 1;
+            else {
+                PyObject *p = PyLong_FromSsize_t(pairs);
+                bad = p == NULL || PyDict_SetItem(pair_of, pair, p) < 0;
+                Py_XDECREF(p);
+                if (!bad) {
+                    first[pairs] = last[pairs] = i;
+                    pairs++;
+                }
+            }
+        } else if (!bad) {
+            Py_ssize_t p = PyLong_AsSsize_t(known);
+            next[last[p]] = i;
+            last[p] = i;
+        }
+        next[i] = -1;
+        Py_XDECREF(key);
+        Py_XDECREF(row);
+        Py_XDECREF(cell);
+        Py_XDECREF(at);
+        Py_XDECREF(pair);
+        if (bad) {
+            PyMem_Free(last);
+            goto done;
+        }
+    }
+    PyMem_Free(last);
+    /* each pair in the order its first row came: its rows in order, its state, its plain */
+    PyObject *pair, *number;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(pair_of, &pos, &pair, &number)) {
+        Py_ssize_t p = PyLong_AsSsize_t(number), count = 0;
+        for (Py_ssize_t i = first[p]; i >= 0; i = next[i]) index[count++] = i;
+        if (pack_pair(pair, index, count, q, rows, n, width, k, g, commits, states, plain) < 0)
+            goto done;
+    }
+    out = PyTuple_Pack(4, fragments, origin, states, plain);
+    goto done;
+none:
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(fragments);
+    Py_XDECREF(origin);
+    Py_XDECREF(states);
+    Py_XDECREF(plain);
+    Py_XDECREF(pair_of);
+    PyMem_Free(v);
+    PyMem_Free(index);
+    PyMem_Free(g);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&guards);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(values, width, kinds, guards) -> the exact partial state of full-width fragments"},
     {"merge", merge, METH_O, "merge(states) -> one partial state"},
     {"canonical", canonical, METH_VARARGS,
      "canonical(values, width, kinds, nan) -> the rows with canonical NaNs, or None"},
+    {"pack", pack, METH_VARARGS,
+     "pack(steps, ranks, seqs, rows, world_size, commits, kinds, guards, width) -> "
+     "(fragments, origin, states, plain), or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,3 +14,29 @@ def merge(states: Sequence[Buffer]) -> bytes:
 def canonical(values: Buffer, width: int, kinds: Buffer, nan: float) -> bytes | None:
     """Full-width rows with every NaN as ``nan``, or None when a count column holds a
     value that is not a count."""
+
+def pack(
+    steps: list[int],
+    ranks: list[int],
+    seqs: list[int],
+    rows: bytes,
+    world_size: int,
+    commits: dict[tuple[int, int], int],
+    kinds: Buffer,
+    guards: Buffer,
+    width: int,
+) -> (
+    tuple[
+        dict[tuple[int, int, int], tuple[bytes, None, None]],
+        dict[tuple[int, int, int], int],
+        dict[tuple[int, int], tuple[int, bytes]],
+        dict[tuple[int, int], tuple[int, bytes]],
+    ]
+    | None
+):
+    """The reporter's compact body's ``rows`` (canonical, one a fragment) packed: its
+    fragments by key, each key's index, each (step, rank)'s count and partial state,
+    and the plain pairs (those ``commits`` declares with all their fragments, seqs 0 to
+    count - 1: count and rows joined in seq order); None when a list holds anything but
+    integers from 0 to 2**63 - 1, a rank is not below ``world_size``, a key comes twice
+    or the lengths do not fit."""

@@ -8,9 +8,10 @@ commits. :func:`prepared` takes such a body from its parsed JSON straight to the
 (:func:`~steptally.client.wire.decode_batch`) and preparing it
 (:func:`~steptally.service.domain.batch.prepare`, then
 :func:`~steptally.service.domain.partial.states_of`) give — the same fragments, bytes,
-commits, origins and partial states — with no Python work per value: the compiled
+commits, origins and partial states — with no Python work per value or fragment: the compiled
 kernel canonicalises the NaNs and checks the count columns
-(``_partial.canonical``), and combines each (step, rank)'s rows.
+(``_partial.canonical``), then checks the keys, packs the fragments and combines each
+(step, rank)'s rows (``_partial.pack``).
 
 Anything else — another shape, or anything wrong in it — gets None, and the general
 path decodes, checks and names what is wrong, as before. So the fast path never
@@ -27,7 +28,7 @@ from typing import Any
 import pybase64
 
 from steptally.client.wire_numbers import MAX_INT
-from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch
+from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.partial import kernel
 from steptally.service.domain.run import RunRecord
 
@@ -47,11 +48,7 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
     steps: Any = block.get("step")
     ranks: Any = block.get("rank")
     seqs: Any = block.get("seq")
-    n = _count(steps)
-    if not n or _count(ranks) != n or _count(seqs) != n or max(ranks) >= run.world_size:
-        return None
-    keys: list[FragmentKey] = list(zip(steps, ranks, seqs, strict=True))
-    if len(set(keys)) != n:
+    if type(steps) is not list or type(ranks) is not list or type(seqs) is not list:
         return None
     raw = block.get("values")
     if type(raw) is not str:
@@ -61,9 +58,8 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
     except (binascii.Error, ValueError):
         return None
     width = len(run.columns)
-    size = 8 * width
     kinds, guards = run.layout
-    if len(values) != size * n:
+    if len(values) != 8 * width * len(steps):
         return None
     rows = kernel.canonical(values, width, kinds, math.nan)
     if rows is None:
@@ -71,37 +67,16 @@ def prepared(run: RunRecord, data: Any) -> PreparedBatch | None:
     out = PreparedBatch(columnar=True)
     if not _commits(data.get("commits"), run.world_size, out):
         return None
-    pairs: dict[CommitKey, list[int]] = {}
-    for i, key in enumerate(keys):
-        out.fragments[key] = (rows[size * i : size * (i + 1)], None, None)
-        out.origin[key] = i
-        pairs.setdefault(key[:2], []).append(i)
-    commits, plain = out.commits, {}
-    for pair, index in pairs.items():
-        joined = (  # the common body: every row one (step, rank)'s
-            rows if len(index) == n else b"".join(rows[size * i : size * (i + 1)] for i in index)
-        )
-        count = len(index)
-        out.states[pair] = (count, bytes(kernel.combine(joined, width, kinds, guards)))
-        if commits.get(pair) == count:  # plain (batch.plain_of) if its seqs are 0 to count - 1
-            order = [seqs[i] for i in index]
-            if order == list(range(count)):
-                plain[pair] = (count, bytes(joined))
-            elif sorted(order) == list(range(count)):
-                ranked = sorted(index, key=lambda i: seqs[i])
-                plain[pair] = (count, b"".join(rows[size * i : size * (i + 1)] for i in ranked))
+    # the lists' integers, the ranks' bound, the keys once each; the fragments, their
+    # origins, each pair's state and the plain pairs: in one call, no work per value
+    packed = kernel.pack(
+        steps, ranks, seqs, rows, run.world_size, out.commits, kinds, guards, width
+    )
+    if packed is None:
+        return None
+    out.fragments, out.origin, out.states, plain = packed
     out.set_plain(plain)
     return out
-
-
-def _count(column: Any) -> int:
-    """How many entries ``column`` has, if it is a list of integers from 0 to 2**63 - 1;
-    else 0."""
-    if type(column) is not list or not column:
-        return 0
-    if set(map(type, column)) != {int} or min(column) < 0 or max(column) > MAX_INT:
-        return 0
-    return len(column)
 
 
 def _commits(rows: Any, world_size: int, out: PreparedBatch) -> bool:

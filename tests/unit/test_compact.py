@@ -230,3 +230,33 @@ def test_an_extra_padding_sign_is_left_to_the_general_path() -> None:
     data["columnar"]["values"] += "="
     assert compact.prepared(RUN, data) is None
     assert isinstance(_general(data), PreparedBatch)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "plain"),
+    [
+        ([2, 1, 0, 1, 0], 2),  # both pairs' seqs a permutation of 0..n-1: plain, in seq order
+        ([0, 1, 1, 0, 2], 2),
+        ([2, 0, 3, 1, 0], 1),  # (7, 1) holds 0, 2, 3 of 3: not plain, (7, 2) is
+        ([0, 0, 0, 1, 1], 0),  # a key twice: the general path
+    ],
+)
+def test_pairs_out_of_order_come_out_as_the_general_path_makes_them(
+    seqs: list[int], plain: int
+) -> None:
+    """Two pairs, their rows interleaved and their seqs in any order: the compiled pack
+    joins each plain pair's rows in seq order, as the general path does."""
+    steps, ranks = [7, 7, 7, 7, 7], [1, 2, 1, 2, 1]
+    batch = FragmentBatch(list(KINDS), steps, ranks, seqs)
+    for i in range(5):
+        batch.values.extend([0.5 * i, 1e17 + i, float(i), 2.0, -1.0 - i, 3.0 * i])
+    batch.commits = [Commit(7, 1, 3), Commit(7, 2, 2)]
+    data = orjson.loads(orjson.dumps(encode_columnar(batch)))
+    fast = compact.prepared(RUN, data)
+    general = _general(data)
+    if len(set(zip(steps, ranks, seqs, strict=True))) < 5:
+        assert (fast, general) == (None, "FragmentConflict")  # two values of one key
+        return
+    assert fast is not None and isinstance(general, PreparedBatch)
+    _same(fast, general)
+    assert len(fast.plain) == plain
