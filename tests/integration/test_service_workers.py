@@ -358,13 +358,18 @@ def test_each_worker_runs_alone_on_its_core_and_its_replacement_too(
         while len(now := [p for p in _workers(service.proc.pid) if p not in first]) < 1:
             assert time.monotonic() < deadline, "the worker was not replaced"
             time.sleep(0.1)
-        time.sleep(1.0)  # its threads started
+        # a new process imports the service before it pins itself (seconds on a slow
+        # machine): wait for it to run its threads, then every one must be on b
+        while len(after := _cores_of_threads(now[0])) < 2 or any(c != {b} for c in after):
+            assert time.monotonic() < deadline, f"the replacement's threads: {after}"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the threads it starts next
         after = _cores_of_threads(now[0])
     finally:
         service.stop(signal.SIGTERM)
     assert sorted(threads[0] == {a} for threads in before.values()) == [False, True]
     assert all(len({frozenset(c) for c in threads}) == 1 for threads in before.values())
-    assert all(cores == {b} for cores in after)
+    assert all(cores == {b} for cores in after), after
 
 
 def test_cores_the_process_may_not_run_on_are_refused(tmp_path: Path) -> None:
