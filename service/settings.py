@@ -43,9 +43,10 @@ class Settings(BaseSettings):
     # take turns, one syncing its commit while the other runs its statements), or 1 in a
     # process that may run on one core only (service/store/sql.py, writers_for)
     ingest_writers: int | None = Field(default=None, ge=1, le=64)
-    # PostgreSQL: the event loop writes the groups of plain pairs (what a reporter sends)
-    # itself, pipelined on a connection of its own, instead of handing them to a writer
-    # thread (service/store/pg_loop.py); off: every group goes to the writer threads
+    # the event loop writes the groups of plain pairs (what a reporter sends) itself, on a
+    # connection of its own, instead of handing them to a writer thread: PostgreSQL's
+    # pipelined (service/store/pg_loop.py), SQLite's stored there and synced in its
+    # executor (service/store/sqlite_loop.py); off: every group goes to the writer threads
     ingest_loop_writer: bool = True
     # every wait on the database is bounded (service/store/engine.py): a hung database
     # answers 503 unavailable with Retry-After; /readyz answers within its own timeout

@@ -214,6 +214,25 @@ class WriterLock:
         finally:
             self._thread.release()
 
+    def try_enter(self) -> bool:
+        """Take the lock if no writer holds it, without waiting; whether it did (then
+        ``__exit__`` lets it go). For the event loop, which must not wait for another
+        process's transaction."""
+        if not self._thread.acquire(blocking=False):
+            return False
+        if self._path is not None:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._thread.release()
+                return False
+            except BaseException:
+                self._thread.release()
+                raise
+        return True
+
 
 class SqliteDialect:
     """SQLite: one writer at a time (the whole database is its lock), queued on a
@@ -228,6 +247,12 @@ class SqliteDialect:
 
     def __init__(self, database: str | None = None) -> None:
         self._database = database
+
+    @property
+    def in_file(self) -> bool:
+        """Whether the database is a file (not in memory, where each connection has a
+        database of its own)."""
+        return bool(self._database) and self._database != ":memory:"
 
     def writer_lock(self) -> contextlib.AbstractContextManager[object]:
         return WriterLock(self._database)

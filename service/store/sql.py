@@ -37,7 +37,7 @@ from steptally.service.domain.run import RunRecord, RunSnapshot, RunSummary
 from steptally.service.domain.step import StepState, is_due
 from steptally.service.errors import ServiceError
 from steptally.service.store import sql_ingest, sql_query
-from steptally.service.store.dialect import dialect_for
+from steptally.service.store.dialect import SqliteDialect, WriterLock, dialect_for
 from steptally.service.store.engine import DatabaseLimits, make_engine, transaction, writing
 from steptally.service.store.group_commit import GroupCommit, Pending
 from steptally.service.store.migration import check_current
@@ -57,6 +57,7 @@ from steptally.service.store.sql_run import KnownRuns, load_run, load_runs, save
 from steptally.service.store.sql_series import read_series
 from steptally.service.store.sql_statement import STEPS
 from steptally.service.store.sql_step import RunKey, finalise_row, lock_step
+from steptally.service.store.sqlite_loop import SqliteLoopWriter
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,9 @@ class SqlStore:
         batches, ``group_linger_s`` its wait for the rest of a burst (see
         :mod:`.group_commit`); ``writers`` None, the database's number of writer
         threads, or one in a process that may run on one core only
-        (:func:`writers_for`); ``loop_writer``: on PostgreSQL, the event loop writes the
-        groups of plain pairs that it submits (:mod:`.pg_loop`)."""
+        (:func:`writers_for`); ``loop_writer``: the event loop writes the groups of plain
+        pairs that it submits (on PostgreSQL :mod:`.pg_loop`, on a SQLite file
+        :mod:`.sqlite_loop`)."""
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
@@ -115,10 +117,13 @@ class SqlStore:
         )
         # told, on the writer thread, of every group that committed (Redis coordination)
         self.after_group: Callable[[list[Pending]], None] | None = None
-        self._on_loop = loop_writer and isinstance(self.dialect, PostgresDialect)
+        self._on_loop = loop_writer and (
+            isinstance(self.dialect, PostgresDialect)
+            or (isinstance(self.dialect, SqliteDialect) and self.dialect.in_file)
+        )
         self._linger_s = group_linger_s
-        # each event loop's writer of plain groups (PostgreSQL, loop_writer)
-        self._loop_writers: dict[asyncio.AbstractEventLoop, LoopWriter] = {}
+        # each event loop's writer of plain groups (loop_writer)
+        self._loop_writers: dict[asyncio.AbstractEventLoop, LoopWriter | SqliteLoopWriter] = {}
 
     @classmethod
     def from_url(
@@ -172,8 +177,9 @@ class SqlStore:
             with self._writers, transaction(self.engine, write=True) as conn:
                 yield conn
             return
+        lock = contextlib.nullcontext() if getattr(self._local, "locked", False) else self._writers
         try:
-            with self._writers, conn.begin():
+            with lock, conn.begin():
                 yield conn
         except (ServiceError, sql_ingest.NotMerged):
             if conn.invalidated or conn.in_transaction():  # not as good as before: drop it
@@ -261,9 +267,10 @@ class SqlStore:
         loop: asyncio.AbstractEventLoop,
         answer: Answer,
     ) -> None:
-        """:meth:`submit` answered on ``loop`` (:meth:`.GroupCommit.submit_call`); on
-        PostgreSQL a batch of plain pairs is written by the loop itself (:mod:`.pg_loop`),
-        unless each group is to be told to ``after_group`` (on a writer thread)."""
+        """:meth:`submit` answered on ``loop`` (:meth:`.GroupCommit.submit_call`); a batch
+        of plain pairs is written by the loop itself (:mod:`.pg_loop`,
+        :mod:`.sqlite_loop`), unless each group is to be told to ``after_group`` (on a
+        writer thread)."""
         if self._loop_writes(batch):
             self._loop_writer(loop).submit(run, batch, now, answer)
             return
@@ -273,10 +280,14 @@ class SqlStore:
         """Whether the event loop writes ``batch`` itself (:mod:`.pg_loop`)."""
         return self._on_loop and self.after_group is None and batch.is_plain()
 
-    def _loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter:
+    def _loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | SqliteLoopWriter:
         writer = self._loop_writers.get(loop)
         if writer is None:
-            writer = LoopWriter(self, loop, self.group_max_batches, self._linger_s, self._hand_over)
+            args = (self.group_max_batches, self._linger_s, self._hand_over)
+            if isinstance(self._writers, WriterLock):
+                writer = SqliteLoopWriter(self, loop, self._writers, *args)
+            else:
+                writer = LoopWriter(self, loop, *args)
             self._loop_writers[loop] = writer
         return writer
 
@@ -296,6 +307,17 @@ class SqlStore:
             )
         self._finalise_after(run, [stored], [now])
         return stored.outcome
+
+    def store_held(self, group: list[Pending]) -> None:
+        """Store a group (:meth:`_store_group`) on this thread's own connection, its
+        caller holding the writer lock already (SQLite's event loop,
+        :mod:`.sqlite_loop`); not synced: the caller syncs before it answers."""
+        self._local.locked = True
+        try:
+            with self._writer_connection():
+                self._store_group(group)
+        finally:
+            self._local.locked = False
 
     def _ingest_group(self, group: list[Pending]) -> None:
         """Store a group of batches (on a writer thread), then tell ``after_group``."""
