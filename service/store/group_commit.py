@@ -72,6 +72,35 @@ class Pending:
     answer: tuple[asyncio.AbstractEventLoop, Answer] | None = None
 
 
+@dataclass(slots=True)
+class Burst:
+    """The batches in flight on an event loop's writer (:mod:`.pg_loop`,
+    :mod:`.sqlite_loop`) and the rule a writer thread lingers by (the module's
+    docstring): how long the group being made waits for the rest of its burst."""
+
+    linger_s: float
+    in_flight: int = 0  # queued, or in a group not yet answered
+    peak: int = 0  # the most in flight at once, lately
+    peak_at: float = 0.0
+    last_arrival: float = 0.0
+
+    def arrived(self) -> None:
+        self.in_flight += 1
+        now = time.monotonic()
+        self.last_arrival = now
+        if self.in_flight >= self.peak or now - self.peak_at > PEAK_WINDOW_S:
+            self.peak, self.peak_at = self.in_flight, now
+
+    def wait_s(self, queued: int, max_batches: int) -> float:
+        """How long a group of the ``queued`` batches waits for more: 0 (it goes now)
+        once it holds ``max_batches``, or every batch in flight, or none has arrived
+        for ``linger_s``."""
+        waited = time.monotonic() - self.last_arrival
+        if queued < max_batches and self.in_flight < self.peak and waited < self.linger_s:
+            return self.linger_s - waited
+        return 0.0
+
+
 def _settle(p: Pending) -> None:
     """Hand a batch's outcome or error to its future, unless its waiter gave up (then the
     batch is stored all the same, or not, and nobody is told)."""

@@ -44,7 +44,7 @@ from psycopg import pq
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
 from steptally.service.store import pg_pipeline, sql_ingest
-from steptally.service.store.group_commit import PEAK_WINDOW_S, Pending
+from steptally.service.store.group_commit import Burst, Pending
 from steptally.service.store.protocol import Answer
 from steptally.service.store.sql_postgres import NOT_FRESH, PostgresDialect, changed_steps
 
@@ -83,7 +83,6 @@ class LoopWriter:
         self._store = store
         self._loop = loop
         self._max_batches = max_batches
-        self._linger_s = linger_s
         self._hand_over_one = hand_over
         self._driver: psycopg.Connection[Any] | None = None
         self._socket = -1  # the connection's, while it is open
@@ -93,10 +92,7 @@ class LoopWriter:
         self._queue: deque[Pending] = deque()
         self._sent: _Group | None = None
         self._results: list[pq.abc.PGresult] = []
-        self._in_flight = 0  # queued, sent, or being finalised
-        self._peak = 0  # the most in flight at once, lately
-        self._peak_at = 0.0
-        self._last_arrival = 0.0
+        self._burst = Burst(linger_s)
         self._timer: asyncio.TimerHandle | None = None
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float, answer: Answer) -> None:
@@ -108,11 +104,7 @@ class LoopWriter:
             self._hand_over_one(item)
             return
         self._queue.append(item)
-        self._in_flight += 1
-        arrived = time.monotonic()
-        self._last_arrival = arrived
-        if self._in_flight >= self._peak or arrived - self._peak_at > PEAK_WINDOW_S:
-            self._peak, self._peak_at = self._in_flight, arrived
+        self._burst.arrived()
         self._send_ready()
 
     def close(self) -> None:
@@ -186,14 +178,10 @@ class LoopWriter:
         ``max_batches``, or every batch in flight has arrived, or none has for
         ``linger_s`` (then a timer looks again)."""
         while self._queue and self._sent is None and self._driver is not None:
-            waited = time.monotonic() - self._last_arrival
-            if (
-                len(self._queue) < self._max_batches
-                and self._in_flight < self._peak
-                and waited < self._linger_s
-            ):
+            wait_s = self._burst.wait_s(len(self._queue), self._max_batches)
+            if wait_s > 0:
                 if self._timer is None:
-                    self._timer = self._loop.call_later(self._linger_s - waited, self._lingered)
+                    self._timer = self._loop.call_later(wait_s, self._lingered)
                 return
             size = min(self._max_batches, len(self._queue))
             self._send([self._queue.popleft() for _ in range(size)])
@@ -291,7 +279,7 @@ class LoopWriter:
         self._loop.run_in_executor(None, finalise).add_done_callback(finalised)
 
     def _answer(self, items: list[Pending], error: BaseException | None = None) -> None:
-        self._in_flight -= len(items)
+        self._burst.in_flight -= len(items)
         for p in items:
             assert p.answer is not None
             try:
@@ -300,6 +288,6 @@ class LoopWriter:
                 log.exception("answering a stored batch")
 
     def _hand_over(self, items: list[Pending]) -> None:
-        self._in_flight -= len(items)
+        self._burst.in_flight -= len(items)
         for p in items:
             self._hand_over_one(p)

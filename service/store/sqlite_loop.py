@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
 from steptally.service.store.dialect import WriterLock
-from steptally.service.store.group_commit import PEAK_WINDOW_S, Pending
+from steptally.service.store.group_commit import Burst, Pending
 from steptally.service.store.protocol import Answer
 
 if TYPE_CHECKING:
@@ -63,14 +62,10 @@ class SqliteLoopWriter:
         self._loop = loop
         self._lock = lock
         self._max_batches = max_batches
-        self._linger_s = linger_s
         self._hand_over_one = hand_over
         self._closed = False
         self._queue: deque[Pending] = deque()
-        self._in_flight = 0  # queued, or stored and waiting for their sync
-        self._peak = 0  # the most in flight at once, lately
-        self._peak_at = 0.0
-        self._last_arrival = 0.0
+        self._burst = Burst(linger_s)
         self._timer: asyncio.TimerHandle | None = None
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float, answer: Answer) -> None:
@@ -81,11 +76,7 @@ class SqliteLoopWriter:
             self._hand_over_one(item)  # the threads say the store is closed
             return
         self._queue.append(item)
-        self._in_flight += 1
-        arrived = time.monotonic()
-        self._last_arrival = arrived
-        if self._in_flight >= self._peak or arrived - self._peak_at > PEAK_WINDOW_S:
-            self._peak, self._peak_at = self._in_flight, arrived
+        self._burst.arrived()
         self._write_ready()
 
     def close(self) -> None:
@@ -102,14 +93,10 @@ class SqliteLoopWriter:
         """Store the next group if one is ready: it holds ``max_batches``, or every batch
         in flight has arrived, or none has for ``linger_s`` (then a timer looks again)."""
         while self._queue and not self._closed:
-            waited = time.monotonic() - self._last_arrival
-            if (
-                len(self._queue) < self._max_batches
-                and self._in_flight < self._peak
-                and waited < self._linger_s
-            ):
+            wait_s = self._burst.wait_s(len(self._queue), self._max_batches)
+            if wait_s > 0:
                 if self._timer is None:
-                    self._timer = self._loop.call_later(self._linger_s - waited, self._lingered)
+                    self._timer = self._loop.call_later(wait_s, self._lingered)
                 return
             size = min(self._max_batches, len(self._queue))
             self._write([self._queue.popleft() for _ in range(size)])
@@ -141,7 +128,7 @@ class SqliteLoopWriter:
             log.error("syncing the WAL after a group", exc_info=error)
             for p in items:
                 p.outcome, p.error = None, error
-        self._in_flight -= len(items)
+        self._burst.in_flight -= len(items)
         for p in items:
             if p.error is None and p.outcome is None:
                 p.error = RuntimeError("the group's transaction did not finish")
@@ -152,6 +139,6 @@ class SqliteLoopWriter:
                 log.exception("answering a stored batch")
 
     def _hand_over(self, items: list[Pending]) -> None:
-        self._in_flight -= len(items)
+        self._burst.in_flight -= len(items)
         for p in items:
             self._hand_over_one(p)

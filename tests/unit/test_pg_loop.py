@@ -36,10 +36,10 @@ def test_every_batch_of_a_group_that_cannot_be_made_is_answered(
                     answer=(loop, lambda o, e, i=i: answers.append((i, o, e))))
             for i in range(3)
         ]  # fmt: skip
-        writer._in_flight = 3
+        writer._burst.in_flight = 3
         writer._send(items)
     finally:
         loop.close()
     assert [(i, o) for i, o, _ in answers] == [(0, None), (1, None), (2, None)]
     assert all(isinstance(e, ValueError) for _, _, e in answers)
-    assert handed == [] and writer._sent is None and writer._in_flight == 0
+    assert handed == [] and writer._sent is None and writer._burst.in_flight == 0
