@@ -38,6 +38,7 @@ lane (``tests/integration/test_direct_lane.py`` compares them byte for byte).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any, Protocol, cast
 
@@ -51,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from steptally.service.api.deadline import late
+from steptally.service.api.deps import RUN_PATTERN
 from steptally.service.api.fragments import INLINE_BYTES, IngestLane
 from steptally.service.api.front import Answering
 from steptally.service.api.instrument import ARRIVED, RequestMetrics, route_template
@@ -69,6 +71,11 @@ _TYPE = b"\r\ncontent-type: " + JsonResponse.media_type.encode() + b"\r\n"
 #: the headers that send a request the ASGI way: what only the ASGI path reads
 _ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect"))
 _FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto"))
+#: the raw request target of the lane's requests that :meth:`DirectLane.lean` reads:
+#: the path with no escape (so that it is its own decoding) and the query the lane takes
+_LANE_TARGET = re.compile(
+    rb"/v1/runs/(" + RUN_PATTERN.strip("^$").encode() + rb")/fragments(?:\?partial=false)?"
+)
 
 
 class Reply(Protocol):
@@ -103,6 +110,10 @@ class DirectLane:
         self.max_bytes = min(INLINE_BYTES, max_body_bytes)
         self.timeout_s = timeout_s
         self.template = route_template({"route": lane.route})  # the metrics' label
+        # the requests being served and their deadlines, oldest first (one timeout for
+        # all: arrival order is deadline order), and the one timer, at the oldest's
+        self._open: dict[Serving, float] = {}
+        self._sweep_at: asyncio.TimerHandle | None = None
 
     def takes(self, scope: Scope) -> bool:
         """Whether the request whose head is ``scope`` is one to serve here."""
@@ -128,6 +139,29 @@ class DirectLane:
         scope.update(child)
         return True
 
+    def lean(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """The run of a ``POST`` whose raw target and headers (as uvicorn's protocol
+        holds them, names lowercased) :meth:`takes` would take, read from the bytes
+        without the scope's path, query and route; None where this cannot tell (a
+        target with an escape, say), and :meth:`takes` then decides on the scope."""
+        found = _LANE_TARGET.fullmatch(url)
+        if found is None:
+            return None
+        length = -1
+        for name, value in headers:
+            if name == b"content-length":
+                if not value.isdigit() or length >= 0:
+                    return None
+                length = int(value)
+            elif name == b"content-type":
+                if not is_json(value.decode("latin-1")):
+                    return None
+            elif name in _ELSEWHERE or (self.limiter is not None and name in _FORWARDED):
+                return None
+        if not 0 <= length <= self.max_bytes:
+            return None
+        return found[1].decode("ascii")
+
     def serve(self, scope: Scope, body: bytes, reply: Reply) -> bool:
         """Serve the request whose head ``takes`` took, with its whole ``body``; False:
         nothing was done, the ASGI app serves it."""
@@ -142,11 +176,33 @@ class DirectLane:
         Serving(self, scope, run, body, arrived, reply).start()
         return True
 
+    def opened(self, serving: Serving, loop: asyncio.AbstractEventLoop) -> None:
+        """``serving`` is answered 503 past the deadline unless :meth:`closed` first: one
+        timer for every request in flight, where a timer each cost a request ~2 µs."""
+        deadline = loop.time() + self.timeout_s
+        self._open[serving] = deadline
+        if self._sweep_at is None:
+            self._sweep_at = loop.call_at(deadline, self._sweep, loop)
+
+    def closed(self, serving: Serving) -> None:
+        self._open.pop(serving, None)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer the requests past their deadline; the timer again at the next one's."""
+        self._sweep_at = None
+        now = loop.time()
+        for serving, deadline in list(self._open.items()):
+            if deadline > now:
+                self._sweep_at = loop.call_at(deadline, self._sweep, loop)
+                return
+            del self._open[serving]
+            serving.expire()
+
 
 class Serving:
     """One request on the direct lane, from its body to its answer."""
 
-    __slots__ = ("arrived", "body", "done", "lane", "prepared", "reply", "run", "scope", "timer")
+    __slots__ = ("arrived", "body", "done", "lane", "prepared", "reply", "run", "scope")
 
     def __init__(
         self, lane: DirectLane, scope: Scope, run: str, body: bytes, arrived: float, reply: Reply
@@ -155,19 +211,17 @@ class Serving:
         self.arrived, self.reply = arrived, reply
         self.done = False
         self.prepared: Prepared | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         ingest = self.lane.service.ingest
         loop = asyncio.get_running_loop()
+        self.lane.opened(self, loop)
         try:
             self.prepared = ingest.prepare(self.run, self.body)
             # answered on this loop with the rest of its group, in one call
             ingest.submit_call(self.prepared, loop, self._settle)
         except Exception as exc:  # answered by the app's handlers
             self._fail(exc)
-            return
-        self.timer = loop.call_later(self.lane.timeout_s, self._expire)
 
     def _settle(self, outcome: IngestOutcome | None, error: BaseException | None) -> None:
         if self.done:
@@ -191,7 +245,7 @@ class Serving:
         self.lane.telemetry.request_done("POST", self.lane.template, 200, seconds)
         self.reply.ok(answer)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         if not self.done:
             self._fail(late(self.lane.timeout_s))
 
@@ -201,8 +255,7 @@ class Serving:
 
     def _end(self) -> None:
         self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
+        self.lane.closed(self)
         self.lane.budget.release(len(self.body))
 
 
@@ -228,6 +281,59 @@ class LaneProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.direct = direct_of(self.app)
         self._waiting: RequestResponseCycle | None = None  # taken, its body arriving
+        self._lean = False  # the request being read was taken by on_headers_complete
+
+    def on_headers_complete(self) -> None:
+        """The lane's request read from its raw target and headers (:meth:`DirectLane.lean`),
+        its scope filled in as uvicorn fills it (the lane's path is its own decoding)
+        with what the lane's route adds, and no URL parsed or route matched; any other
+        request, and one that arrives while the connection's earlier one is still being
+        answered, uvicorn's way."""
+        direct, parser, cycle = self.direct, self.parser, self.cycle
+        run = None
+        if (
+            direct is not None
+            and (cycle is None or cycle.response_complete)
+            and not self.root_path
+            and self.limit_concurrency is None
+            and parser.get_method() == b"POST"
+            and parser.get_http_version() == "1.1"
+            and not parser.should_upgrade()
+        ):
+            run = direct.lean(self.url, self.headers)
+        if run is None:
+            super().on_headers_complete()
+            return
+        assert direct is not None
+        path, _, query = self.url.partition(b"?")
+        scope: Scope = cast(Scope, self.scope)
+        scope["method"] = "POST"
+        scope["path"] = path.decode("ascii")
+        scope["raw_path"] = path
+        scope["query_string"] = query
+        scope["app"] = direct.app
+        scope["path_params"] = {"run": run}
+        scope["route"] = direct.lane.route
+        self.cycle = RequestResponseCycle(
+            scope=self.scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        self._lean = True
+
+    def on_body(self, body: bytes) -> None:
+        if self._lean:
+            self.cycle.body += body  # at most the lane's limit (lean checked the length)
+        else:
+            super().on_body(body)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         direct = self.direct
@@ -239,11 +345,17 @@ class LaneProtocol(HttpToolsProtocol):
             self._serve(cycle)
 
     def on_message_complete(self) -> None:
+        if self._lean:
+            self._lean = False
+            self.cycle.more_body = False
+            self.cycle.message_event.set()  # for the ASGI app, should it serve the request
+            self._serve(self.cycle)
+            return
         super().on_message_complete()
-        cycle = self._waiting
-        if cycle is not None and cycle is self.cycle:
+        waiting = self._waiting
+        if waiting is not None and waiting is self.cycle:
             self._waiting = None
-            self._serve(cycle)
+            self._serve(waiting)
 
     def _serve(self, cycle: RequestResponseCycle) -> None:
         assert self.direct is not None

@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
@@ -303,6 +304,36 @@ def test_past_the_deadline_the_answer_is_503_and_the_batch_is_left_to_its_writer
     assert answers[0] == answers[1]
 
 
+def test_each_request_in_flight_is_answered_503_at_its_own_deadline(
+    serve: Callable[..., Server],
+) -> None:
+    """One timer serves every request in flight: requests that arrive apart, held, are
+    each answered 503 once its own deadline passes (not sooner, not all at the first)."""
+    server = serve(request_timeout_s=1.0)
+    assert httpx.post(f"{server.url}/v1/runs", json=SPEC, timeout=10).status_code == 201
+    bodies = [_rows((0, rank, 0, {"a": 1.0})) for rank in range(2)]
+    answered: dict[int, float] = {}
+
+    def post(i: int) -> None:
+        r = httpx.post(f"{server.url}/v1/runs/r/fragments", content=bodies[i], headers=JSON)
+        assert r.status_code == 503, r.text
+        answered[i] = time.monotonic()
+
+    with _held(server.app.state.service.ingest):
+        sent = [time.monotonic()]
+        first = threading.Thread(target=post, args=(0,))
+        first.start()
+        time.sleep(0.6)
+        sent.append(time.monotonic())
+        second = threading.Thread(target=post, args=(1,))
+        second.start()
+        first.join(10)
+        second.join(10)
+    assert len(server.served) == 2
+    for i in range(2):  # its deadline is its own arrival's second, not the other's
+        assert 1.0 <= answered[i] - sent[i] < 2.5, (i, answered[i] - sent[i])
+
+
 def test_an_unexpected_error_is_500_counted_and_logged(
     serve: Callable[..., Server], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -393,3 +424,68 @@ def test_a_request_in_flight_at_shutdown_is_answered_then_the_connection_closed(
     assert orjson.loads(data.split(b"\r\n\r\n", 1)[1])["accepted"] == 1
     server.thread.join(10)
     assert not server.thread.is_alive()
+
+
+def _scope_of(target: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The scope uvicorn's protocol makes of a POST's head (path unquoted)."""
+    raw, _, query = target.partition(b"?")
+    return {
+        "type": "http",
+        "method": "POST",
+        "http_version": "1.1",
+        "root_path": "",
+        "path": urllib.parse.unquote(raw.decode("ascii")),
+        "raw_path": raw,
+        "query_string": query,
+        "headers": headers,
+        "client": ("127.0.0.1", 40000),
+    }
+
+
+LENGTH = (b"content-length", b"20")
+JSON_TYPE = (b"content-type", b"application/json")
+HEADS = [
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r/fragments?partial=false", [LENGTH]),
+    (b"/v1/runs/run.1_b-2/fragments", [(b"content-type", b"application/x+json"), LENGTH]),
+    (b"/v1/runs/r/fragments?partial=true", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r/fragments?partial=false&x=1", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r%2Db/fragments", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/-r/fragments", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r/fragments/", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r/fragment", [JSON_TYPE, LENGTH]),
+    (b"/v1/runs/r/fragments", [(b"content-type", b"text/plain"), LENGTH]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, (b"content-length", b"x1")]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH, LENGTH]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, (b"content-length", b"99999999999")]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH, (b"content-encoding", b"gzip")]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH, (b"expect", b"100-continue")]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH, (b"transfer-encoding", b"chunked")]),
+    (b"/v1/runs/r/fragments", [JSON_TYPE, LENGTH, (b"x-forwarded-for", b"10.0.0.9")]),
+]
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_the_raw_check_takes_only_what_the_scope_check_takes_and_the_same_run(
+    db_url: str, empty_database: Callable[[str], None], limited: bool
+) -> None:
+    """``DirectLane.lean`` reads the lane's requests from the raw head, where ``takes``
+    reads the scope: whatever the first takes the second does, for the same run (what
+    the first leaves, uvicorn's way then decides)."""
+    empty_database(db_url)
+    limit = 10_000.0 if limited else 0.0  # 0: no limit, so no address to read
+    direct = direct_of(
+        create_app(Settings(database_url=db_url, rate_limit_per_s=limit), sweep=False)
+    )
+    assert direct is not None
+    lean_taken = []
+    for target, headers in HEADS:
+        scope = _scope_of(target, headers)
+        run = direct.lean(target, headers)
+        taken = direct.takes(scope)
+        if run is not None:
+            assert taken and scope["path_params"]["run"] == run, target
+            lean_taken.append(target)
+    expected = [t for t, _ in HEADS[:3]] + ([] if limited else [HEADS[-1][0]])
+    assert lean_taken == expected, lean_taken
