@@ -21,18 +21,22 @@ gives it: a request with ``X-Forwarded-*`` headers, which the proxy-headers midd
 would read, goes the ASGI way when there is a limit). Everything else — and every
 request of a connection whose earlier request is still being answered, but for its
 turn — goes to the ASGI app exactly as before, which the checks above leave unchanged:
-nothing happens before them that the ASGI lane would not do again.
+nothing happens before them that the ASGI lane would not do again. The common request
+is recognised from its raw head (:meth:`DirectLane.lean`), before uvicorn parses its
+URL into the scope; a head that this cannot tell about is parsed as uvicorn parses it,
+and :meth:`DirectLane.takes` decides on the scope.
 
 What the middlewares do for the lane, the direct lane does itself: the rate limit and
-the body budget (above), the request deadline (a timer: past ``request_timeout_s``
-without an answer, 503 ``unavailable``, and the batch is left to its writer as on the
-ASGI lane) and the request metrics (the route's template, the status and the time from
-the body's arrival). An error — a body the store refuses, a conflict, a database that
-is away, anything unexpected — is answered by starting uvicorn's ordinary request
-task on the same request, with an app that raises the error inside the app's own
-exception handlers and request metrics (:func:`error_app`): the answer, its status,
-code, message and headers, and the log of an unexpected error are those of the ASGI
-lane (``tests/integration/test_direct_lane.py`` compares them byte for byte).
+the body budget (above), the request deadline (one timer for every request in flight:
+past ``request_timeout_s`` without an answer, 503 ``unavailable``, and the batch is left
+to its writer as on the ASGI lane) and the request metrics (the route's template, the
+status and the time from the body's arrival). An error — a body the store refuses, a
+conflict, a database that is away, anything unexpected — is answered by starting
+uvicorn's ordinary request task on the same request, with an app that raises the error
+inside the app's own exception handlers and request metrics (:func:`error_app`): the
+answer, its status, code, message and headers, and the log of an unexpected error are
+those of the ASGI lane (``tests/integration/test_direct_lane.py`` compares them byte for
+byte).
 """
 
 from __future__ import annotations
