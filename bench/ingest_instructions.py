@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from scale_rounds import ROOT, checkout
@@ -85,19 +86,43 @@ def inner(db: str, steps: int, made: int) -> None:
 def counted(db: str, steps: int, made: int, pythonpath: Path | None = None) -> int:
     """User-space instructions of one run of :func:`inner` under callgrind (with the
     package of ``pythonpath`` first, given)."""
-    env = dict(os.environ)
+    args = ["--db", db, "--steps", str(steps), "--made", str(made)]
+    return callgrind(Path(__file__), args, pythonpath)
+
+
+def callgrind(
+    script: Path, args: list[str], pythonpath: Path | None, env: dict[str, str] | None = None
+) -> int:
+    """User-space instructions of ``script --inner args`` under callgrind (with the
+    package of ``pythonpath`` first, given; ``env`` added to this environment)."""
+    env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        command += [sys.executable, __file__, "--inner", "--db", db, "--steps", str(steps)]
-        command += ["--made", str(made)]
+        command += [sys.executable, str(script), "--inner", *args]
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         found = re.search(r"Collected : (\d+)", done.stderr)
         if done.returncode != 0 or found is None:
             raise SystemExit(f"the run under callgrind failed:\n{done.stderr[-3000:]}")
         return int(found[1])
+
+
+def each_version(before: str | None, count: Callable[[str, Path | None], None]) -> None:
+    """``count(name, pythonpath)`` for ``before`` (a revision, built as
+    ``scale_rounds.py`` builds it), given, then for this tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        versions: list[tuple[str, Path | None]] = [("this tree", None)]
+        if before:
+            versions.insert(0, (before, checkout(before, Path(tmp))))
+        try:
+            for name, path in versions:
+                count(name, path)
+        finally:
+            if before:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(Path(tmp) / "tree")], capture_output=True)  # fmt: skip
 
 
 def main() -> None:
@@ -112,21 +137,15 @@ def main() -> None:
         inner(args.db, args.steps, args.made or args.steps)
         return
     bodies = RANKS * args.steps
-    with tempfile.TemporaryDirectory() as tmp:
-        versions: list[tuple[str, Path | None]] = [("this tree", None)]
-        if args.before:
-            versions.insert(0, (args.before, checkout(args.before, Path(tmp))))
-        try:
-            for name, path in versions:
-                one = counted(args.db, args.steps, 2 * args.steps, path)
-                two = counted(args.db, 2 * args.steps, 2 * args.steps, path)
-                print(f"{args.db}, {name}: {(two - one) / bodies:,.0f} instructions a body "
-                      f"({bodies} bodies in groups of {GROUP}, prepared and stored, "
-                      "no HTTP)", flush=True)  # fmt: skip
-        finally:
-            if args.before:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(Path(tmp) / "tree")], capture_output=True)  # fmt: skip
+
+    def count(name: str, path: Path | None) -> None:
+        one = counted(args.db, args.steps, 2 * args.steps, path)
+        two = counted(args.db, 2 * args.steps, 2 * args.steps, path)
+        print(f"{args.db}, {name}: {(two - one) / bodies:,.0f} instructions a body "
+              f"({bodies} bodies in groups of {GROUP}, prepared and stored, no HTTP)",
+              flush=True)  # fmt: skip
+
+    each_version(args.before, count)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from scale_rounds import ROOT, checkout
+from ingest_instructions import callgrind, each_version
 
 HERE = Path(__file__).resolve().parent
 RANKS = 256
@@ -166,19 +163,9 @@ def inner(steps: int, made: int) -> None:
 def counted(steps: int, made: int, pythonpath: Path | None = None) -> int:
     """User-space instructions of one run of :func:`inner` under callgrind (with the
     package of ``pythonpath`` first, given)."""
-    env = dict(os.environ, PYTHONHASHSEED="0")  # the same dicts' probes in every run
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        command += [sys.executable, __file__, "--inner", "--steps", str(steps)]
-        command += ["--made", str(made)]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if done.returncode != 0 or found is None:
-            raise SystemExit(f"the run under callgrind failed:\n{done.stderr[-3000:]}")
-        return int(found[1])
+    args = ["--steps", str(steps), "--made", str(made)]
+    # the same dicts' probes in every run
+    return callgrind(Path(__file__), args, pythonpath, {"PYTHONHASHSEED": "0"})
 
 
 def main() -> None:
@@ -192,21 +179,15 @@ def main() -> None:
         inner(args.steps, args.made or args.steps)
         return
     requests = RANKS * args.steps
-    with tempfile.TemporaryDirectory() as tmp:
-        versions: list[tuple[str, Path | None]] = [("this tree", None)]
-        if args.before:
-            versions.insert(0, (args.before, checkout(args.before, Path(tmp))))
-        try:
-            for name, path in versions:
-                one = counted(args.steps, 2 * args.steps, path)
-                two = counted(2 * args.steps, 2 * args.steps, path)
-                print(f"{name}: {(two - one) / requests:,.0f} instructions a request "
-                      f"({requests} requests, {CONNECTIONS} at a time, SQLite, no "
-                      "sockets)", flush=True)  # fmt: skip
-        finally:
-            if args.before:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(Path(tmp) / "tree")], capture_output=True)  # fmt: skip
+
+    def count(name: str, path: Path | None) -> None:
+        one = counted(args.steps, 2 * args.steps, path)
+        two = counted(2 * args.steps, 2 * args.steps, path)
+        print(f"{name}: {(two - one) / requests:,.0f} instructions a request "
+              f"({requests} requests, {CONNECTIONS} at a time, SQLite, no sockets)",
+              flush=True)  # fmt: skip
+
+    each_version(args.before, count)
 
 
 if __name__ == "__main__":

@@ -123,18 +123,7 @@ class DirectLane:
         """Whether the request whose head is ``scope`` is one to serve here."""
         if scope["method"] != "POST" or scope.get("query_string") not in (b"", b"partial=false"):
             return False
-        length = -1
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                if not value.isdigit() or length >= 0:
-                    return False
-                length = int(value)
-            elif name == b"content-type":
-                if not is_json(value.decode("latin-1")):
-                    return False
-            elif name in _ELSEWHERE or (self.limiter is not None and name in _FORWARDED):
-                return False
-        if not 0 <= length <= self.max_bytes:
+        if not self._headers_taken(scope["headers"]):
             return False
         match, child = self.lane.matches(scope)
         if match is not Match.FULL:
@@ -149,22 +138,26 @@ class DirectLane:
         without the scope's path, query and route; None where this cannot tell (a
         target with an escape, say), and :meth:`takes` then decides on the scope."""
         found = _LANE_TARGET.fullmatch(url)
-        if found is None:
+        if found is None or not self._headers_taken(headers):
             return None
+        return found[1].decode("ascii")
+
+    def _headers_taken(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the headers are of a request to serve here: one ``Content-Length``
+        within the lane's limit, a JSON type or none, and none that only the ASGI path
+        reads."""
         length = -1
         for name, value in headers:
             if name == b"content-length":
                 if not value.isdigit() or length >= 0:
-                    return None
+                    return False
                 length = int(value)
             elif name == b"content-type":
                 if not is_json(value.decode("latin-1")):
-                    return None
+                    return False
             elif name in _ELSEWHERE or (self.limiter is not None and name in _FORWARDED):
-                return None
-        if not 0 <= length <= self.max_bytes:
-            return None
-        return found[1].decode("ascii")
+                return False
+        return 0 <= length <= self.max_bytes
 
     def serve(self, scope: Scope, body: bytes, reply: Reply) -> bool:
         """Serve the request whose head ``takes`` took, with its whole ``body``; False:

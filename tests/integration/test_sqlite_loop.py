@@ -21,22 +21,7 @@ from steptally.service.store.dialect import SqliteDialect
 from steptally.service.store.group_commit import Pending
 from steptally.service.store.migration import upgrade
 from steptally.service.store.sql import SqlStore
-
-JSON = {"content-type": "application/json"}
-
-
-def _body(*pairs: tuple[int, int, float], commit: bool = True) -> bytes:
-    """One fragment each of ``pairs`` (step, rank, a), each committed (``commit``)."""
-    return orjson.dumps(
-        {
-            "fragments": [
-                {"step": s, "rank": r, "seq": 0, "values": {"a": a, "n": 1}} for s, r, a in pairs
-            ],
-            "commits": [{"step": s, "rank": r, "fragments": 1} for s, r, _ in pairs]
-            if commit
-            else [],
-        }
-    )
+from tests.integration.test_loop_writer import JSON, _body
 
 
 @pytest.fixture
