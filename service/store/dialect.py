@@ -392,9 +392,11 @@ class SqliteDialect:
         """The breaches (rare), the values, then the changed rows, each by its key through
         the driver (SQLAlchemy's statement cost a finalisation ~40 µs more CPU)."""
         write_breaches(conn, self.sql, run_id, rows)
-        values = pending_values(rows)
-        if values:
-            self._write_values(conn, run_id, values)
+        first, revised = pending_values(rows)
+        if first:
+            self._write_values(conn, SQLITE.insert_values, run_id, first)
+        if revised:
+            self._write_values(conn, SQLITE.upsert_values, run_id, revised)
         changed = [
             (r.status.value, *(getattr(r, c) for c in STEP_FIELDS[1:]), run_id, r.step)
             for r in rows
@@ -403,12 +405,16 @@ class SqliteDialect:
         _driver(conn).executemany(SQLITE.update_step, changed)
 
     def _write_values(
-        self, conn: Connection, run_id: int, values: Sequence[tuple[int, StoredValue]]
+        self,
+        conn: Connection,
+        text: RowsInsert,
+        run_id: int,
+        values: Sequence[tuple[int, StoredValue]],
     ) -> None:
         """One statement through the driver (SQLAlchemy's executemany made each row's
         parameters in Python: a third of a finalisation's CPU at 8 ranks)."""
         rows = [(run_id, c, s, v, st) for s, (c, v, st) in values]
-        _insert(_driver(conn), SQLITE.upsert_values, rows)
+        _insert(_driver(conn), text, rows)
 
     def read_parts(self, conn: Connection, run_id: int, step: int) -> StepParts:
         """One statement through the driver (two of SQLAlchemy's cost a finalisation

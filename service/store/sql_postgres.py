@@ -285,7 +285,8 @@ class PostgresDialect:
     def write_steps(
         self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False
     ) -> None:
-        """The values (one statement of arrays, :data:`PIPELINE` ``upsert_values``) and
+        """The values (a statement of arrays: :data:`PIPELINE` ``insert_values`` for steps
+        finalised for the first time, ``upsert_values`` for the others) and
         the step rows (``update_step`` each, by its key) in one round trip
         (:func:`.pg_pipeline.run`; ``last``: with the ``COMMIT``, else the transaction
         left open); the breaches, when there are some, before. SQLAlchemy's executemany
@@ -298,10 +299,13 @@ class PostgresDialect:
             return
         driver = conn.connection.driver_connection
         assert driver is not None
-        values = pending_values(changed)
-        statements = [(PIPELINE.update_step, p) for p in _steps_params(run_id, changed)]
-        if values:
-            statements.insert(0, (PIPELINE.upsert_values, _values_params(run_id, values)))
+        first, revised = pending_values(changed)
+        statements = [
+            (text, _values_params(run_id, values))
+            for text, values in ((PIPELINE.insert_values, first), (PIPELINE.upsert_values, revised))
+            if values
+        ]
+        statements += [(PIPELINE.update_step, p) for p in _steps_params(run_id, changed)]
         if self.notify and any(r.status is not StepStatus.OPEN for r in changed):
             statements.append((NOTIFY_FINALISED, {"run": str(run_id)}))
         pg_pipeline.run(driver, statements, commit=last)

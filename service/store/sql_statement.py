@@ -338,6 +338,7 @@ class PipelineText:
     fresh_plain: str  # the same for a batch of plain pairs, failing if it does not hold
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
     upsert_values: str  # %(run_id)s and an array per step_values column
+    insert_values: str  # the same, for steps with none stored (no conflict to look for)
     update_step: str  # %(run_id)s, %(step)s and a value per column of STEP_FIELDS
     partials_of_step: str  # %(run)s, %(step)s: (rank, fragments, state) of its partial rows
     commits_of_step: str  # %(run)s, %(step)s: (rank, fragments) of its commits
@@ -375,6 +376,7 @@ PIPELINE = PipelineText(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
+    insert_values=_unnest_insert(STEP_VALUES),
     update_step=(
         f"UPDATE steps SET {', '.join(f'{n} = {_param(STEPS.c[n])}' for n in STEP_FIELDS)} "
         f"WHERE run_id = {_param(STEPS.c.run_id)} AND step = {_param(STEPS.c.step)}"
@@ -448,6 +450,7 @@ class SqliteText:
     # another status stays as it was; returns the rows it wrote, as they now stand
     add_to_steps: RowsInsert
     upsert_values: RowsInsert  # step_values rows, replacing a step's earlier values
+    insert_values: RowsInsert  # step_values rows of steps with none stored
     # run, step, run, step: (0, rank, fragments, state) of its partial rows, then
     # (1, rank, fragments, NULL) of its commits
     parts_of_step: str
@@ -501,6 +504,7 @@ SQLITE = SqliteText(
         f" ON CONFLICT ({_value_keys}) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),
     ),
+    insert_values=_rows_insert(STEP_VALUES),
     parts_of_step=(
         "SELECT 0, rank, fragments, state FROM partials WHERE run_id = ? AND step = ? "
         "UNION ALL SELECT 1, rank, fragments, NULL FROM commits WHERE run_id = ? AND step = ?"

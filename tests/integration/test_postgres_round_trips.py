@@ -147,7 +147,8 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
 ) -> None:
     """A finalisation's write of its step rows and their values: one round trip, every
     column as it was set, a value of each kind (-0.0 and infinities bit for bit, NaN,
-    undefined) replacing the step's earlier one; a row left unchanged is not written."""
+    undefined), those of a first finalisation inserted and those of a later one
+    replacing the step's earlier ones; a row left unchanged is not written."""
     rows = [
         StepState(3, StepStatus.COMPLETE, 1, 4, 32, 32, 0, 1.0, 61.0, 9.5, '{"r": 3}'),
         StepState(4, StepStatus.PARTIAL, 2, 3, 24, 24, 1, 2.0, 62.0, 9.75, '{"r": 4}'),
@@ -159,7 +160,7 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
     conn, driver = run_conn
     for step in (3, 4, 5):
         _open_step(driver, step, 0, 0, 0, 4, 0, 60)
-    driver.execute("INSERT INTO step_values VALUES (1, 0, 3, 7.0, 0)")  # replaced
+    driver.execute("INSERT INTO step_values VALUES (1, 0, 4, 7.0, 0)")  # revision 1's: replaced
     driver.commit()
     driver.execute("SELECT 1")  # inside a transaction, as a finalisation writes
     trace = tmp_path / "trace"
@@ -174,6 +175,9 @@ def test_a_finalisations_rows_and_values_go_in_one_round_trip(
         "SELECT step, col, value, state FROM step_values ORDER BY step, col"
     ).fetchall()
     assert _syncs(trace) == 1
+    # step 3's values (its first finalisation) by a plain insert, step 4's by an upsert
+    parsed = re.findall(r'\tParse\t "[^"]*" "(INSERT INTO step_values[^"]*)"', trace.read_text())
+    assert ["ON CONFLICT" in text for text in parsed] == [False, True], parsed
     assert steps == [
         (3, "complete", 1, 4, 32, 32, 0, 9.5, '{"r": 3}'),
         (4, "partial", 2, 3, 24, 24, 1, 9.75, '{"r": 4}'),
