@@ -269,3 +269,24 @@ def test_expansion_is_exact_canonical_and_non_overlapping(values: list[float]) -
     state = SumState()
     state.add_many(terms, fragments=1)
     assert state.value() == round_scaled(acc) and state.n == 1
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(with_non_finite, max_size=30),
+    st.lists(st.integers(min_value=0, max_value=2**53), max_size=10),
+)
+def test_a_reported_sum_or_count_is_its_exact_value_rounded_once(
+    sums: list[float], counts: list[int]
+) -> None:
+    """``report`` rounds a sum or a count from its integer directly: the value is the
+    exact one's, rounded once (the reference: a ``Fraction`` of the exact values), bit
+    for bit, infinities past the float range and NaN as IEEE arithmetic has them."""
+    spec = MetricSpec.build({"s": "sum", "c": "count", "empty": "sum"}, {"q": "s / c"})
+    frags = [{"s": v} for v in sums] + [{"c": float(n)} for n in counts]
+    report = combine(spec, frags)
+    got, expected = report["s"].value, exact_sum(sums)
+    assert got is not None and ((math.isnan(got) and math.isnan(expected)) or got == expected)
+    assert math.copysign(1, got) == math.copysign(1, expected)
+    assert report["c"].value == float(Fraction(sum(counts)))  # past 2**53: rounded once
+    assert report["empty"].value == 0.0 and math.copysign(1, report["empty"].value) == 1
