@@ -25,7 +25,12 @@ batch that is not plain, a group of several runs or one the rules would refuse, 
 group that ``fresh_plain`` finds not new (a retry, a duplicate, a late rank: it wrote
 nothing), and every batch while the loop's connection is being opened (in a thread:
 the loop never waits for the database). A finalisation runs in the loop's executor,
-the group that completed its steps answered once it is done.
+the group that completed its steps answered once it is done; but a step that a group
+completes on its own (every rank of it in the group, nothing of it stored before) is
+finalised before the group is sent, from the group's own partial states, and written
+in the group's transaction (:func:`.sql_ingest.finalise_fresh`), which fails, and the
+group goes to the writer threads, unless the step's row and the run are as that
+finalisation took them.
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ from psycopg import pq
 
 from steptally.service.domain.batch import PreparedBatch
 from steptally.service.domain.run import RunRecord
+from steptally.service.domain.step import StepState
 from steptally.service.store import pg_pipeline, sql_ingest
 from steptally.service.store.group_commit import Burst, Pending
-from steptally.service.store.protocol import Answer
+from steptally.service.store.protocol import Answer, FinalisedStep
 from steptally.service.store.sql_postgres import NOT_FRESH, PostgresDialect, changed_steps
 
 if TYPE_CHECKING:
@@ -65,6 +71,8 @@ class _Group:
     run: RunRecord
     batches: list[tuple[PreparedBatch, float]]
     sent: pg_pipeline.Sent
+    #: the steps it completed on its own, finalised in its transaction, by step
+    finalised: dict[int, FinalisedStep]
 
 
 class LoopWriter:
@@ -193,13 +201,9 @@ class LoopWriter:
     def _send(self, items: list[Pending]) -> None:
         run = items[0].run
         batches = [(p.batch, p.now) for p in items]
-        dialect = self._store.dialect
-        assert isinstance(dialect, PostgresDialect) and self._driver is not None
+        assert self._driver is not None
         try:
-            fresh = None
-            if all(p.run.id == run.id for p in items):
-                fresh = sql_ingest.fresh_write(run, batches)
-            statements = None if fresh is None else dialect.plain_statements(run, *fresh)
+            statements, finalised = self._statements(run, items, batches)
         except Exception as exc:  # a fault of ours: the batches are told, none is lost
             log.exception("making a group of %d batches", len(items))
             self._answer(items, exc)
@@ -213,7 +217,34 @@ class LoopWriter:
             self._answer(items, exc)
             self._lost(exc)
             return
-        self._sent = _Group(items, run, batches, sent)
+        self._sent = _Group(items, run, batches, sent, {f.step: f for _, f in finalised})
+
+    def _statements(
+        self, run: RunRecord, items: list[Pending], batches: list[tuple[PreparedBatch, float]]
+    ) -> tuple[list[tuple[str, dict[str, Any]]] | None, list[tuple[StepState, FinalisedStep]]]:
+        """A group's transaction (None: the general way stores it) and the steps it
+        completes on its own, finalised in it, where the run's spec is known (read by a
+        finalisation of one of its steps before): at 8 ranks, where each group of 8
+        completes a step, the finalisation after the commit was two round trips, a
+        transaction and a sync more a step."""
+        if not all(p.run.id == run.id for p in items):
+            return None, []
+        fresh = sql_ingest.fresh_write(run, batches)
+        if fresh is None:
+            return None, []
+        known = self._store._runs.known(run.id)
+        finalised = (
+            []
+            if known is None
+            else sql_ingest.finalise_fresh(known[1], fresh, max(p.now for p in items))
+        )
+        dialect = self._store.dialect
+        assert isinstance(dialect, PostgresDialect)
+        statements = dialect.plain_statements(
+            run, fresh.batch, fresh.added, fresh.partials, fresh.now,
+            [row for row, _ in finalised], known[0] if known is not None else None,
+        )  # fmt: skip
+        return statements, finalised
 
     # -- reading answers -------------------------------------------------------------
 
@@ -253,7 +284,7 @@ class LoopWriter:
         finalisation of the steps it completed, in the executor), or to the writer
         threads where it was not new, or its error."""
         try:
-            [found] = pg_pipeline.rows_of(group.sent, results)
+            found = pg_pipeline.rows_of(group.sent, results)[0]
         except psycopg.Error as exc:
             if exc.sqlstate in NOT_FRESH:  # nothing written
                 self._hand_over(group.items)
@@ -261,6 +292,7 @@ class LoopWriter:
                 self._answer(group.items, exc)
             return
         stored = sql_ingest.fresh_outcomes(group.batches, changed_steps(found))
+        sql_ingest.finalised_with(stored, group.finalised)
         for p, one in zip(group.items, stored, strict=True):
             p.outcome = one.outcome
         if not any(sql_ingest.due(group.run.world_size, one.changed) for one in stored):

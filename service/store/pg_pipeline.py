@@ -171,21 +171,43 @@ def _send(
     ``prepared`` or ``new`` (a new one added to ``new`` and its ``Parse`` sent first),
     or (``unprepared``) planned for its parameters; ``kept`` gains whether each result
     to come is the statement's rows."""
-    q = query(sql)
-    values = tx.dump_sequence([params[n] for n in q.names], q.formats)
-    types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
     if unprepared:
+        q = query(sql)
+        values = tx.dump_sequence([params[n] for n in q.names], q.formats)
+        types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
         pgconn.send_query_params(q.text, values, types, formats, result_format)
         kept.append(True)
         return
+    name, values, formats = _named(pgconn, tx, sql, params, kept, prepared, new)
+    pgconn.send_query_prepared(name, values, formats, result_format)
+    kept.append(True)
+
+
+_Named = tuple[bytes, Sequence[psycopg.abc.Buffer | None], list[int]]
+
+
+def _named(
+    pgconn: pq.abc.PGconn,
+    tx: psycopg.abc.Transformer,
+    sql: str,
+    params: Mapping[str, Any],
+    kept: list[bool],
+    prepared: Mapping[_Key, bytes],
+    new: dict[_Key, bytes],
+) -> _Named:
+    """A statement's prepared name (its ``Parse`` queued on ``pgconn`` if it is new, a
+    new name added to ``new`` and ``kept`` told of its result) and its parameters,
+    dumped, and their formats."""
+    q = query(sql)
+    values = tx.dump_sequence([params[n] for n in q.names], q.formats)
+    types, formats = tuple(tx.types or ()), [f.value for f in tx.formats or ()]
     key = (q.text, types)
     name = prepared.get(key) or new.get(key)
     if name is None:
         name = new[key] = f"steptally_{next(_names)}".encode()
         pgconn.send_prepare(name, q.text, types)
         kept.append(False)
-    pgconn.send_query_prepared(name, values, formats, result_format)
-    kept.append(True)
+    return name, values, formats
 
 
 def _rows(
@@ -289,15 +311,22 @@ def send(
 
     Each statement is prepared the first time, as in :func:`run`; its name counts as
     known from then on, so that a transaction sent behind it uses it whether or not
-    the first one commits (a prepared statement outlives its transaction)."""
+    the first one commits (a prepared statement outlives its transaction). So every
+    ``Parse`` goes before the first statement runs: after a failed statement the
+    server skips the rest of the transaction, a ``Parse`` behind it too, and its name
+    would be taken as prepared when it is not."""
     pgconn = driver.pgconn
     prepared = _PREPARED.setdefault(driver, {})
     tx = Transformer(driver)
     if pgconn.pipeline_status == pq.PipelineStatus.OFF:
         pgconn.enter_pipeline_mode()
     kept: list[bool] = []
-    for sql, params in statements:
-        _send(pgconn, tx, sql, params, pq.Format.TEXT, kept, prepared, prepared)
+    named = [
+        _named(pgconn, tx, sql, params, kept, prepared, prepared) for sql, params in statements
+    ]
+    for name, values, formats in named:  # after every Parse: a failed one skips what follows
+        pgconn.send_query_prepared(name, values, formats, pq.Format.TEXT)
+        kept.append(True)
     pgconn.pipeline_sync()
     _flush(pgconn)
     return Sent(kept, tx, driver)

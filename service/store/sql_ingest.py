@@ -29,8 +29,8 @@ the group touches it; then, or when any batch breaks a rule, it raises
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Protocol
 
 from sqlalchemy import Connection
 
@@ -38,11 +38,12 @@ from steptally.service.domain import partial
 from steptally.service.domain import step as rules
 from steptally.service.domain.batch import CommitKey, FragmentKey, PreparedBatch, merge
 from steptally.service.domain.packing import Cell, unbundled
+from steptally.service.domain.progress import Progress, StepStatus
 from steptally.service.domain.run import RunRecord
 from steptally.service.domain.step import Delta, Probe, StepState
 from steptally.service.errors import ServiceError
 from steptally.service.store.dialect import Dialect
-from steptally.service.store.protocol import FinalisedStep, IngestOutcome
+from steptally.service.store.protocol import FinalisedStep, IngestOutcome, StepRecord
 from steptally.service.store.sql_statement import Statements, keys_params
 from steptally.service.store.sql_step import PartialRow, PartsReader, RunKey, finalise_row
 
@@ -153,7 +154,7 @@ def ingest_fresh(
     fresh = fresh_write(run, batches)
     if fresh is None:
         return None
-    changed = dialect.store_fresh(conn, run, *fresh)
+    changed = dialect.store_fresh(conn, run, fresh.batch, fresh.added, fresh.partials, fresh.now)
     if changed is None:
         return None
     out = fresh_outcomes(batches, changed)
@@ -165,9 +166,16 @@ def ingest_fresh(
     return out
 
 
-#: what a fresh write hands the dialect: the merged batch, what its steps gain, its
-#: partial rows and its time
-Fresh = tuple[PreparedBatch, Mapping[int, Delta], list[PartialRow], float]
+class Fresh(NamedTuple):
+    """What a fresh write hands the dialect: the merged batch, what its steps gain, its
+    partial rows and its time; and its steps as the write leaves them where nothing of
+    them was stored before (for :func:`finalise_fresh`)."""
+
+    batch: PreparedBatch
+    added: Mapping[int, Delta]
+    partials: list[PartialRow]
+    now: float
+    steps: Mapping[int, StepState]
 
 
 def fresh_write(run: RunRecord, batches: Sequence[tuple[PreparedBatch, float]]) -> Fresh | None:
@@ -183,7 +191,53 @@ def fresh_write(run: RunRecord, batches: Sequence[tuple[PreparedBatch, float]]) 
         rules.check(merged, assumed)
     except ServiceError:
         return None
-    return merged, rules.counted(merged, assumed), partial_rows(run, merged, assumed), now
+    added = rules.counted(merged, assumed)
+    return Fresh(merged, added, partial_rows(run, merged, assumed), now, assumed.steps)
+
+
+def finalise_fresh(
+    run: RunRecord, fresh: Fresh, now: float
+) -> list[tuple[StepState, FinalisedStep]]:
+    """The steps that ``fresh`` completes on its own, every rank of each in it, finalised
+    at ``now`` from its own partial rows as :func:`finalise_row` would finalise them
+    from the stored ones once it committed: with nothing of them stored before, its
+    pairs are all of each step, so the same states merge into the same bits. Each comes
+    as its row finalised (``values`` to write, its counters as the write leaves them)
+    and its finalisation. A step is left to the finalisation after the commit (none
+    comes back) where the run has a change rule (which reads earlier steps' values) or
+    the step breaks a rule (its breach is written there); ``run`` is the run as a
+    finalisation reads it, spec and columns current."""
+    if any(rule.window is not None for rule in run.spec.alerts):
+        return []
+    out = []
+    for step, state in fresh.steps.items():
+        if rules.next_status(run.world_size, state) is not StepStatus.COMPLETE:
+            continue
+        parts = [(r, n, st) for s, r, n, st in fresh.partials if s == step]
+        commits = {r: n for (s, r), n in fresh.batch.commits.items() if s == step}
+        progress = Progress(run.world_size, commits, {r: n for r, n, _ in parts})
+        row = replace(state, values=[], breaches=[])  # the write's own row stays as it was
+        cells = partial.merged(run, (st for *_, st in parts))
+        result = rules.finalise(run, row, progress, cells, StepStatus.COMPLETE, now)
+        if row.breaches:
+            return []
+        record = StepRecord(step, row.status, row.revision, row.first_seen_at, now, result)
+        out.append((row, FinalisedStep(run.name, step, row.status, row.revision, run, record)))
+    return out
+
+
+def finalised_with(stored: Sequence[Stored], done: Mapping[int, FinalisedStep]) -> None:
+    """The finalisations ``done`` (by step) made inside a group's transaction, each
+    added to the outcome of the batch that was the last of the group to change its
+    step; those steps are then not to be finalised again."""
+    for one in stored:
+        keep = []
+        for row in one.changed:
+            if row.step in done:
+                one.outcome.finalised.append(done[row.step])
+            else:
+                keep.append(row)
+        one.changed = keep
 
 
 def fresh_outcomes(

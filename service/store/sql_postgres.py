@@ -54,6 +54,7 @@ from steptally.service.store.pg_arrays import Int8Array, byteas, float8s, int2s,
 from steptally.service.store.sql_run import read_run_key
 from steptally.service.store.sql_statement import (
     PIPELINE,
+    REFUSED_CHANGED,
     REFUSED_FINALISED,
     STEP_FIELDS,
     core,
@@ -267,11 +268,19 @@ class PostgresDialect:
         added: Mapping[int, Delta],
         partials: Sequence[PartialRow],
         now: float,
+        finalised: Sequence[StepState] = (),
+        run_key: RunKey | None = None,
     ) -> list[tuple[str, dict[str, Any]]] | None:
         """The transaction that writes ``batch`` (its pairs all plain) in one statement,
         as :meth:`store_fresh` sends it: ``fresh_plain``, which takes its pairs' locks
         (:data:`NOT_FRESH`: what it fails with where its batch is not new); None for a
-        batch large enough to be copied."""
+        batch large enough to be copied. With ``finalised`` (the steps it completes on
+        its own, finalised before it is sent: :func:`~.sql_ingest.finalise_fresh`, the
+        run as its ``run_key`` says), their finalisation follows in the same
+        transaction: each step's row (``finalise_fresh``, which fails unless the row and
+        the run are as the finalisation took them) and their values; a finalisation
+        after the commit would take a transaction, a commit's sync and two round trips
+        more (bench/README.md, Scale, stop 18)."""
         params = _fresh_params(run, batch, added, partials, now)
         if params is None:
             return None
@@ -280,7 +289,28 @@ class PostgresDialect:
             "refused": REFUSED_FINALISED,
             "keys": _lock_keys(run.id, batch.pairs()),
         }
-        return [(PIPELINE.fresh_plain, params)]
+        statements = [(PIPELINE.fresh_plain, params)]
+        if finalised:
+            assert run_key is not None, "a finalisation inside the group needs the run's key"
+            spec, world_size, step_timeout_s, columns = run_key
+            same = {
+                "open": StepStatus.OPEN.value,
+                "spec": spec,
+                "world_size": world_size,
+                "step_timeout_s": step_timeout_s,
+                "columns": columns,
+                "refused": REFUSED_CHANGED,
+            }
+            statements += [
+                (PIPELINE.finalise_fresh, p | same | {"first_seen_at": row.first_seen_at})
+                for p, row in zip(_steps_params(run.id, finalised), finalised, strict=True)
+            ]
+            values = pending_values(finalised)
+            assert not values.revised, "a step finalised inside its group is at revision 1"
+            statements.append((PIPELINE.insert_values, _values_params(run.id, values.first)))
+            if self.notify:
+                statements.append((NOTIFY_FINALISED, {"run": str(run.id)}))
+        return statements
 
     def write_steps(
         self, conn: Connection, run_id: int, rows: Sequence[StepState], last: bool = False

@@ -66,6 +66,11 @@ class KnownRuns:
         self._known: dict[int, tuple[tuple[Any, ...], RunRecord]] = {}
         self._lock = threading.Lock()
 
+    def known(self, run_id: int) -> tuple[tuple[Any, ...], RunRecord] | None:
+        """The run as last read and what of it could change then (its key), if read."""
+        with self._lock:
+            return self._known.get(run_id)
+
     def current(self, conn: Connection, run_id: int, key: tuple[Any, ...]) -> RunRecord | None:
         """The run as it stands; ``key``: what of it can change, read in the same
         transaction (a dialect's ``run_key``, or its ``lock_steps`` bringing it)."""

@@ -199,6 +199,12 @@ LOCK_PAIRS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)b::BIGINT[]) AS
 #: the error of :func:`_fresh_plain` where a step is finalised (``steptally_refuse``,
 #: migration 0011, raises it with the SQLSTATE ``ST001``)
 REFUSED_FINALISED = "a step of this group is finalised: the group is stored the general way"
+#: the error of :func:`_finalise_fresh` where the step or the run is not as the
+#: finalisation took it
+REFUSED_CHANGED = (
+    "a step this group completed, or its run, changed before its finalisation: the group "
+    "is stored the general way"
+)
 
 
 def _fresh_plain() -> str:
@@ -236,6 +242,45 @@ def _fresh_plain() -> str:
         f"g AS (SELECT CASE WHEN (SELECT count(*) FROM s) < cardinality({steps}) "
         f"THEN {refuse} ELSE true END AS ok) "
         "SELECT g.ok, s.* FROM g LEFT JOIN s ON true"
+    )
+
+
+def _finalise_fresh() -> str:
+    """A step that a group of plain pairs completed on its own, finalised in the same
+    transaction (:func:`~.sql_ingest.finalise_fresh`): its row's fields of
+    :data:`STEP_FIELDS` set as :data:`PIPELINE` ``update_step`` sets them, provided that
+    the row is the one the group's ``fresh_plain`` made — open, never finalised, first
+    seen at ``%(first_seen_at)s`` and counting exactly the group's own ranks and
+    fragments — and that the run is as the finalisation read it (``%(spec)s``,
+    ``%(world_size)s``, ``%(step_timeout_s)s`` and ``%(columns)s`` metric columns, what
+    :class:`~.sql_run.KnownRuns` compares). Otherwise it fails (``steptally_refuse``,
+    SQLSTATE ``ST001``), the whole transaction with it, and the group is stored the
+    general way."""
+    c, r = STEPS.c, RUNS.c
+    run = _param(c.run_id)
+    own_row = " AND ".join(
+        [
+            f"run_id = {run}",
+            f"step = {_param(c.step)}",
+            f"status = {_param(c.status, 'open')}",
+            "revision = 0",
+            "finalised_at IS NULL",
+            f"first_seen_at = {_param(c.first_seen_at)}",
+            *(f"{n} = {_param(c[n])}" for n in ("committed_ranks", "expected", "received")),
+        ]
+    )
+    sets = ", ".join(f"{n} = {_param(c[n])}" for n in STEP_FIELDS)
+    columns = f"(SELECT count(*) FROM {METRICS.name} WHERE run_id = {run})"
+    same_run = (
+        f"SELECT spec = {_param(r.spec)} AND world_size = {_param(r.world_size)} "
+        f"AND step_timeout_s = {_param(r.step_timeout_s)} AND {columns} = %(columns)b::BIGINT "
+        f"FROM {RUNS.name} WHERE id = {run}"
+    )
+    refuse = f"steptally_refuse({_param(STEPS.c.result, 'refused')})"
+    return (
+        f"WITH u AS (UPDATE steps SET {sets} WHERE {own_row} RETURNING 1) "
+        f"SELECT CASE WHEN (SELECT count(*) FROM u) = 1 AND coalesce(({same_run}), false) "
+        f"THEN true ELSE {refuse} END"
     )
 
 
@@ -337,6 +382,7 @@ class PipelineText:
     fresh: str  # a batch's writes when nothing of its pairs is stored: _fresh
     fresh_plain: str  # the same for a batch of plain pairs, failing if it does not hold
     pairs_of: str  # pairs_params: (step, rank, declared, fragments, state, keys, bundles)
+    finalise_fresh: str  # a step a fresh_plain group completed, finalised: _finalise_fresh
     upsert_values: str  # %(run_id)s and an array per step_values column
     insert_values: str  # the same, for steps with none stored (no conflict to look for)
     update_step: str  # %(run_id)s, %(step)s and a value per column of STEP_FIELDS
@@ -372,6 +418,7 @@ PIPELINE = PipelineText(
     fresh=_fresh(),
     fresh_plain=_fresh_plain(),
     pairs_of=_pairs_of(),
+    finalise_fresh=_finalise_fresh(),
     upsert_values=_unnest_insert(
         STEP_VALUES,
         f"({_value_keys}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _value_rest),

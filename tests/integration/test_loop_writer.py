@@ -48,20 +48,47 @@ def _wait(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
 
 
 @pytest.fixture
-def sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The groups the loop's writers sent (:func:`.pg_pipeline.send`), by their number
-    of pairs."""
+def texts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The statements of each group the loop's writers sent (:func:`.pg_pipeline.send`)."""
+    sent: list[list[str]] = []
+    send = pg_pipeline.send
+
+    def recording(driver: psycopg.Connection, statements: Any) -> pg_pipeline.Sent:
+        sent.append([sql for sql, _ in statements])
+        return send(driver, statements)
+
+    monkeypatch.setattr(pg_pipeline, "send", recording)
+    return sent
+
+
+@pytest.fixture
+def sends(monkeypatch: pytest.MonkeyPatch, texts: list[list[str]]) -> list[int]:
+    """The groups the loop's writers sent, by their number of pairs."""
     sent: list[int] = []
     send = pg_pipeline.send
 
     def counting(driver: psycopg.Connection, statements: Any) -> pg_pipeline.Sent:
-        [(sql, params)] = statements
+        (sql, params), *_ = statements
         assert sql == PIPELINE.fresh_plain
         sent.append(struct.unpack_from(">i", params["c_step"], 12)[0])  # its length
         return send(driver, statements)
 
     monkeypatch.setattr(pg_pipeline, "send", counting)
     return sent
+
+
+@pytest.fixture
+def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements the writer threads and finalisations ran (:func:`.pg_pipeline.run`)."""
+    out: list[str] = []
+    run = pg_pipeline.run
+
+    def recording(driver: psycopg.Connection, statements: Any, *args: Any, **kw: Any) -> Any:
+        out.extend(sql for sql, _ in statements)
+        return run(driver, statements, *args, **kw)
+
+    monkeypatch.setattr(pg_pipeline, "run", recording)
+    return out
 
 
 @pytest.fixture
@@ -192,3 +219,142 @@ def test_a_group_that_cannot_be_made_is_answered_with_its_error(
     monkeypatch.setattr(sql_ingest, "fresh_write", fresh_write)
     assert _post(client, _body((1, 0, 1.0)))["accepted"] == 1
     assert sends == [1]
+
+
+def _finalise_first_step(client: TestClient, run: str = "r") -> None:
+    """Step 0 of ``run`` completed by its rank 1 (rank 0 posted): finalised after its
+    commit, which reads the run's spec for the store."""
+    done = client.post(f"/v1/runs/{run}/fragments", content=_body((0, 1, 0.25)), headers=JSON)
+    assert done.json()["finalised"] == [{"step": 0, "status": "complete", "revision": 1}]
+
+
+def _step(client: TestClient, step: int, run: str = "r") -> dict[str, Any]:
+    out: dict[str, Any] = client.get(f"/v1/runs/{run}/steps/{step}").json()
+    for key in ("first_seen_at", "finalised_at"):
+        assert out.pop(key) is not None, key
+    return out
+
+
+def test_a_group_that_completes_a_step_on_its_own_finalises_it_in_its_transaction(
+    client: TestClient, texts: list[list[str]], ran: list[str]
+) -> None:
+    """Every rank of step 2 in one group: its finalisation (its row, its values) goes
+    in the group's own transaction, none after it, and the step is stored bit for bit
+    as the finalisation after the commit stores step 3, the same values posted a rank
+    at a time."""
+    _finalise_first_step(client)
+    texts.clear()
+    ran.clear()
+    pairs = [(0, 1e17, 0.1), (1, -1e17, 0.2)]  # 1e17 - 1e17 + 0.1 + 0.2, rounded once
+    body = orjson.dumps(
+        {
+            "fragments": [
+                {"step": 2, "rank": r, "seq": q, "values": {"a": v, "n": 1}}
+                for r, big, small in pairs
+                for q, v in enumerate((big, small))
+            ],
+            "commits": [{"step": 2, "rank": r, "fragments": 2} for r, _, _ in pairs],
+        }
+    )
+    done = _post(client, body)
+    assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
+    assert ran == []  # no finalisation after the commit
+    for r, big, small in pairs:  # step 3 a rank at a time: finalised after the commit
+        rank = {
+            "fragments": [
+                {"step": 3, "rank": r, "seq": q, "values": {"a": v, "n": 1}}
+                for q, v in enumerate((big, small))
+            ],
+            "commits": [{"step": 3, "rank": r, "fragments": 2}],
+        }
+        last = _post(client, orjson.dumps(rank))
+    assert last["finalised"] == [{"step": 3, "status": "complete", "revision": 1}]
+    assert PIPELINE.locked_steps_of in ran
+    inside, after = _step(client, 2), _step(client, 3)
+    assert inside["metrics"]["a"]["value"] == 0.1 + 0.2 == 0.30000000000000004
+    assert inside["metrics"]["n"]["value"] == 4.0
+    assert {**inside, "step": 3} == after
+    series = client.get("/v1/runs/r/series/a").json()  # the stored values, by step
+    assert dict(zip(series["steps"], series["values"], strict=True)) == {
+        0: 0.75,
+        2: 0.1 + 0.2,
+        3: 0.1 + 0.2,
+    }
+
+
+def test_a_run_changed_since_its_spec_was_read_is_finalised_the_general_way(
+    client: TestClient, texts: list[list[str]], ran: list[str]
+) -> None:
+    """A metric added to the run after the store read its spec: the group's
+    finalisation inside finds the run changed and fails, the whole transaction with
+    it; the writer threads store the group and finalise its step after the commit
+    with the run as it now stands, and the next such group finalises inside again."""
+    _finalise_first_step(client)
+    spec = {"name": "r", "world_size": 2, "metrics": {"a": "sum", "n": "count", "b": "sum"}}
+    assert client.post("/v1/runs", json=spec).status_code == 200
+    texts.clear()
+    ran.clear()
+    done = _post(client, _body((2, 0, 1.5), (2, 1, 2.5)))
+    assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
+    assert PIPELINE.locked_steps_of in ran  # refused, then stored the general way
+    metrics = client.get("/v1/runs/r/steps/2").json()["metrics"]
+    assert set(metrics) == {"a", "n", "b"} and metrics["a"]["value"] == 4.0
+    ran.clear()
+    again = _post(client, _body((3, 0, 1.0), (3, 1, 2.0)))
+    assert again["finalised"] == [{"step": 3, "status": "complete", "revision": 1}]
+    assert ran == []
+    metrics = client.get("/v1/runs/r/steps/3").json()["metrics"]
+    assert set(metrics) == {"a", "n", "b"} and metrics["a"]["value"] == 3.0
+
+
+def test_a_step_whose_row_is_not_the_groups_own_is_finalised_the_general_way(
+    client: TestClient, texts: list[list[str]], ran: list[str], postgres_url: str
+) -> None:
+    """A step row there before the group (here put there by hand, as no pair of it is
+    stored): the group's counters go onto it, so its row is not the one the group's
+    finalisation took; that fails, the transaction with it, and the group is stored
+    and its step finalised the general way."""
+    _finalise_first_step(client)
+    dsn = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            "INSERT INTO steps (run_id, step, status, revision, committed_ranks, expected, "
+            "received, missing_ranks, first_seen_at, deadline) "
+            "SELECT id, 2, 'open', 0, 0, 0, 0, 2, 1.0, 1e12 FROM runs WHERE name = 'r'"
+        )
+    texts.clear()
+    ran.clear()
+    done = _post(client, _body((2, 0, 1.5), (2, 1, 2.5)))
+    assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
+    assert PIPELINE.locked_steps_of in ran
+    step = client.get("/v1/runs/r/steps/2").json()
+    assert (step["status"], step["revision"], step["metrics"]["a"]["value"]) == ("complete", 1, 4.0)
+    assert step["first_seen_at"] == "1970-01-01T00:00:01+00:00"  # the row that was there
+
+
+def test_a_run_with_a_change_rule_finalises_after_the_commit(
+    client: TestClient, texts: list[list[str]], ran: list[str]
+) -> None:
+    """A change rule compares a step with the earlier steps' stored values, which the
+    loop does not read: such a run's steps are finalised after the commit, with the
+    rule checked."""
+    spec = {
+        "name": "w",
+        "world_size": 2,
+        "metrics": {"a": "sum", "n": "count"},
+        "alerts": [{"name": "jump", "metric": "a", "change_above": 0.5, "window": 2}],
+    }
+    assert client.post("/v1/runs", json=spec).status_code == 201
+    for step, a in ((0, 1.0), (1, 1.0), (2, 9.0)):
+        texts.clear()
+        ran.clear()
+        body = _body((step, 0, a / 2), (step, 1, a / 2))
+        answer = client.post("/v1/runs/w/fragments", content=body, headers=JSON).json()
+        assert answer["finalised"] == [{"step": step, "status": "complete", "revision": 1}]
+        assert texts and all(PIPELINE.finalise_fresh not in group for group in texts)
+    assert PIPELINE.locked_steps_of in ran
+    breaches = client.get("/v1/runs/w/steps/2").json()["breaches"]
+    assert [b["rule"] for b in breaches] == ["jump"]

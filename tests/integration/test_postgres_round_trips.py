@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import select
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -250,6 +251,43 @@ def test_an_implicit_pipeline_commits_at_its_sync_or_rolls_back_there(
     assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
     assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
     conn.execute("SELECT 1")  # psycopg goes on using the connection
+
+
+def _sent(conn: psycopg.Connection, statements: Any) -> list[list[tuple[Any, ...]]]:
+    """:func:`.pg_pipeline.send`, then its answer read as the loop's writer reads it."""
+    sent = pg_pipeline.send(conn, statements)
+    results = []
+    while (result := _next(conn)).status != pq.ExecStatus.PIPELINE_SYNC:
+        results.append(result)
+    pg_pipeline.leave(conn)
+    return pg_pipeline.rows_of(sent, results)
+
+
+def _next(conn: psycopg.Connection) -> Any:
+    pgconn = conn.pgconn
+    while True:
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is not None:
+            return result
+
+
+def test_a_sent_transaction_prepares_every_statement_before_the_first_runs(
+    conn: psycopg.Connection, url: str
+) -> None:
+    """A statement that fails makes the server skip the rest of its transaction: a
+    statement prepared for the first time behind it would be skipped with its
+    ``Parse``, and the next transaction would name a statement that does not exist."""
+    conn.commit()
+    first = "SELECT k FROM round_trip_t WHERE k = %(k)b::INTEGER"
+    fails = "SELECT 1 / %(zero)b::INTEGER"
+    later = "SELECT %(k)b::INTEGER + 1"
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        _sent(conn, [(first, {"k": 1}), (fails, {"zero": 0}), (later, {"k": 1})])
+    assert _sent(conn, [(first, {"k": 1}), (later, {"k": 1})]) == [[], [(2,)]]
+    assert _stored(url) == []
 
 
 def test_a_pipelines_rows_load_as_psycopg_loads_them(conn: psycopg.Connection) -> None:

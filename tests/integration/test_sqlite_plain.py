@@ -83,7 +83,7 @@ def _fresh(store: SqlStore, run: RunRecord, batch: PreparedBatch, trace: list[st
         assert isinstance(driver, sqlite3.Connection)
         driver.set_trace_callback(trace.append)
         try:
-            return store.dialect.store_fresh(conn, run, *fresh)
+            return store.dialect.store_fresh(conn, run, *fresh[:4])
         finally:
             driver.set_trace_callback(None)
 
