@@ -39,7 +39,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 #: how long after its connection failed to open the loop tries again
 RETRY_S = 1.0
+#: the most pairs of open steps a loop keeps (:class:`.sql_ingest.OpenStep`), its
+#: oldest steps forgotten first (a step forgotten is finalised after its commit)
+OPEN_PAIRS = 1 << 16
 
 
 @dataclass(slots=True)
@@ -71,7 +74,8 @@ class _Group:
     run: RunRecord
     batches: list[tuple[PreparedBatch, float]]
     sent: pg_pipeline.Sent
-    #: the steps it completed on its own, finalised in its transaction, by step
+    fresh: sql_ingest.Fresh
+    #: the steps it completed, finalised in its transaction, by step
     finalised: dict[int, FinalisedStep]
 
 
@@ -102,6 +106,9 @@ class LoopWriter:
         self._results: list[pq.abc.PGresult] = []
         self._burst = Burst(linger_s)
         self._timer: asyncio.TimerHandle | None = None
+        #: the open steps of which this loop stored every pair, by (run, step), oldest first
+        self._open_steps: dict[tuple[int, int], sql_ingest.OpenStep] = {}
+        self._open_pairs = 0
 
     def submit(self, run: RunRecord, batch: PreparedBatch, now: float, answer: Answer) -> None:
         """Store a batch of plain pairs; ``answer`` is called (on the loop) with its
@@ -203,12 +210,12 @@ class LoopWriter:
         batches = [(p.batch, p.now) for p in items]
         assert self._driver is not None
         try:
-            statements, finalised = self._statements(run, items, batches)
+            fresh, statements, finalised = self._statements(run, items, batches)
         except Exception as exc:  # a fault of ours: the batches are told, none is lost
             log.exception("making a group of %d batches", len(items))
             self._answer(items, exc)
             return
-        if statements is None:  # the general way says what it is
+        if fresh is None or statements is None:  # the general way says what it is
             self._hand_over(items)
             return
         try:
@@ -217,34 +224,41 @@ class LoopWriter:
             self._answer(items, exc)
             self._lost(exc)
             return
-        self._sent = _Group(items, run, batches, sent, {f.step: f for _, f in finalised})
+        self._sent = _Group(items, run, batches, sent, fresh, {f.step: f for _, f in finalised})
 
     def _statements(
         self, run: RunRecord, items: list[Pending], batches: list[tuple[PreparedBatch, float]]
-    ) -> tuple[list[tuple[str, dict[str, Any]]] | None, list[tuple[StepState, FinalisedStep]]]:
-        """A group's transaction (None: the general way stores it) and the steps it
-        completes on its own, finalised in it, where the run's spec is known (read by a
-        finalisation of one of its steps before): at 8 ranks, where each group of 8
-        completes a step, the finalisation after the commit was two round trips, a
-        transaction and a sync more a step."""
+    ) -> tuple[
+        sql_ingest.Fresh | None,
+        list[tuple[str, dict[str, Any]]] | None,
+        list[tuple[StepState, FinalisedStep]],
+    ]:
+        """A group's fresh write and transaction (None: the general way stores it), and
+        the steps it completes, finalised in it (:func:`.sql_ingest.finalise_fresh`:
+        every rank of a step in the group, or the rest of them stored by this loop
+        before), where the run's spec is known (read by a finalisation of one of its
+        steps before). The finalisation after the commit takes a transaction, its
+        sync and two round trips more a step, and reads every partial row of it."""
         if not all(p.run.id == run.id for p in items):
-            return None, []
+            return None, None, []
         fresh = sql_ingest.fresh_write(run, batches)
         if fresh is None:
-            return None, []
+            return None, None, []
         known = self._store._runs.known(run.id)
-        finalised = (
-            []
-            if known is None
-            else sql_ingest.finalise_fresh(known[1], fresh, max(p.now for p in items))
-        )
+        finalised = []
+        if known is not None:
+            mine = {
+                s: o for s in fresh.steps if (o := self._open_steps.get((run.id, s))) is not None
+            }
+            now = max(p.now for p in items)
+            finalised = sql_ingest.finalise_fresh(known[1], fresh, now, mine)
         dialect = self._store.dialect
         assert isinstance(dialect, PostgresDialect)
         statements = dialect.plain_statements(
             run, fresh.batch, fresh.added, fresh.partials, fresh.now,
             [row for row, _ in finalised], known[0] if known is not None else None,
         )  # fmt: skip
-        return statements, finalised
+        return fresh, statements, finalised
 
     # -- reading answers -------------------------------------------------------------
 
@@ -287,11 +301,14 @@ class LoopWriter:
             found = pg_pipeline.rows_of(group.sent, results)[0]
         except psycopg.Error as exc:
             if exc.sqlstate in NOT_FRESH:  # nothing written
+                self._forget(group.run.id, group.fresh.steps)  # the writer threads add to them
                 self._hand_over(group.items)
             else:
                 self._answer(group.items, exc)
             return
-        stored = sql_ingest.fresh_outcomes(group.batches, changed_steps(found))
+        changed = changed_steps(found)
+        self._remember(group, changed)
+        stored = sql_ingest.fresh_outcomes(group.batches, changed)
         sql_ingest.finalised_with(stored, group.finalised)
         for p, one in zip(group.items, stored, strict=True):
             p.outcome = one.outcome
@@ -309,6 +326,33 @@ class LoopWriter:
             self._answer(group.items)  # durable, finalised or (logged) not
 
         self._loop.run_in_executor(None, finalise).add_done_callback(finalised)
+
+    def _remember(self, group: _Group, changed: list[StepState]) -> None:
+        """Keep the open steps of which this loop has now stored every pair
+        (:meth:`.sql_ingest.OpenStep.of`), ``changed`` their rows as the group's
+        committed write left them; forget the others of the group's steps."""
+        run_id = group.run.id
+        for row in changed:
+            key = (run_id, row.step)
+            before = self._forget_one(key)
+            if row.step in group.finalised or sql_ingest.due(group.run.world_size, [row]):
+                continue
+            known = sql_ingest.OpenStep.of(row, group.fresh, before)
+            if known is not None:
+                self._open_steps[key] = known
+                self._open_pairs += len(known.parts)
+        while self._open_pairs > OPEN_PAIRS:
+            self._forget_one(next(iter(self._open_steps)))
+
+    def _forget(self, run_id: int, steps: Iterable[int]) -> None:
+        for step in steps:
+            self._forget_one((run_id, step))
+
+    def _forget_one(self, key: tuple[int, int]) -> sql_ingest.OpenStep | None:
+        known = self._open_steps.pop(key, None)
+        if known is not None:
+            self._open_pairs -= len(known.parts)
+        return known
 
     def _answer(self, items: list[Pending], error: BaseException | None = None) -> None:
         self._burst.in_flight -= len(items)

@@ -195,26 +195,74 @@ def fresh_write(run: RunRecord, batches: Sequence[tuple[PreparedBatch, float]]) 
     return Fresh(merged, added, partial_rows(run, merged, assumed), now, assumed.steps)
 
 
+@dataclass(slots=True)
+class OpenStep:
+    """Every pair stored of an open step, as the writer that stored them all knows
+    them: the step's row as its last write left it, and each rank's declared fragments
+    and partial row (fragments, state)."""
+
+    row: StepState
+    commits: dict[int, int]
+    parts: dict[int, tuple[int, bytes]]
+
+    @classmethod
+    def of(cls, row: StepState, fresh: Fresh, before: OpenStep | None) -> OpenStep | None:
+        """The step of ``row`` (as ``fresh``'s write, committed, left it) with ``fresh``'s
+        pairs added to ``before`` (what the same writer knew of it); None where the row
+        counts more than those pairs (another writer's are stored too: each stored pair
+        adds to its counters) or the step is not open."""
+        if row.status is not StepStatus.OPEN or row.revision:
+            return None
+        step = row.step
+        commits = {r: n for (s, r), n in fresh.batch.commits.items() if s == step}
+        parts = {r: (n, st) for s, r, n, st in fresh.partials if s == step}
+        if before is not None:
+            commits, parts = before.commits | commits, before.parts | parts
+        counted = (len(commits), sum(commits.values()), sum(n for n, _ in parts.values()))
+        if (row.committed_ranks, row.expected, row.received) != counted:
+            return None
+        return cls(row, commits, parts)
+
+
 def finalise_fresh(
-    run: RunRecord, fresh: Fresh, now: float
+    run: RunRecord, fresh: Fresh, now: float, known: Mapping[int, OpenStep] | None = None
 ) -> list[tuple[StepState, FinalisedStep]]:
-    """The steps that ``fresh`` completes on its own, every rank of each in it, finalised
-    at ``now`` from its own partial rows as :func:`finalise_row` would finalise them
-    from the stored ones once it committed: with nothing of them stored before, its
-    pairs are all of each step, so the same states merge into the same bits. Each comes
-    as its row finalised (``values`` to write, its counters as the write leaves them)
-    and its finalisation. A step is left to the finalisation after the commit (none
-    comes back) where the run has a change rule (which reads earlier steps' values) or
-    the step breaks a rule (its breach is written there); ``run`` is the run as a
-    finalisation reads it, spec and columns current."""
+    """The steps that ``fresh`` completes, finalised at ``now`` from partial states
+    alone, as :func:`finalise_row` would finalise them from the stored ones once it
+    committed: a step of which nothing is stored (every rank of it in ``fresh``), or one
+    of ``known`` (every pair of it stored by this writer, :class:`OpenStep`) that
+    ``fresh`` completes. Those pairs are then all of the step, so their states merge
+    into the same bits; the write checks in its transaction that the step's row is
+    still the one this takes (:data:`~.sql_statement.PIPELINE` ``finalise_fresh``).
+    Each comes as its row finalised (``values`` to write, its counters as the write
+    leaves them) and its finalisation. A step is left to the finalisation after the
+    commit (none comes back) where the run has a change rule (which reads earlier
+    steps' values) or the step breaks a rule (its breach is written there); ``run`` is
+    the run as a finalisation reads it, spec and columns current."""
     if any(rule.window is not None for rule in run.spec.alerts):
         return []
     out = []
     for step, state in fresh.steps.items():
+        commits = {r: n for (s, r), n in fresh.batch.commits.items() if s == step}
+        parts = [(r, n, st) for s, r, n, st in fresh.partials if s == step]
+        before = (known or {}).get(step)
+        if before is not None:
+            if commits.keys() & before.commits.keys():  # not new: its write fails
+                continue
+            added = fresh.added.get(step, Delta())
+            b = before.row
+            state = replace(
+                b,
+                committed_ranks=b.committed_ranks + added.committed,
+                expected=b.expected + added.expected,
+                received=b.received + added.received,
+                missing_ranks=b.missing_ranks - added.committed,
+                changed=True,
+            )
+            commits |= before.commits
+            parts += [(r, n, st) for r, (n, st) in before.parts.items()]
         if rules.next_status(run.world_size, state) is not StepStatus.COMPLETE:
             continue
-        parts = [(r, n, st) for s, r, n, st in fresh.partials if s == step]
-        commits = {r: n for (s, r), n in fresh.batch.commits.items() if s == step}
         progress = Progress(run.world_size, commits, {r: n for r, n, _ in parts})
         row = replace(state, values=[], breaches=[])  # the write's own row stays as it was
         cells = partial.merged(run, (st for *_, st in parts))

@@ -235,51 +235,59 @@ def _step(client: TestClient, step: int, run: str = "r") -> dict[str, Any]:
     return out
 
 
-def test_a_group_that_completes_a_step_on_its_own_finalises_it_in_its_transaction(
+_PAIRS = [(0, 1e17, 0.1), (1, -1e17, 0.2)]  # 1e17 - 1e17 + 0.1 + 0.2, rounded once
+
+
+def _rank(step: int, rank: int, commit: bool = True, fragments: bool = True) -> dict[str, Any]:
+    """Rank ``rank``'s two fragments of ``step`` (of :data:`_PAIRS`) and its commit."""
+    _, big, small = _PAIRS[rank]
+    return {
+        "fragments": [
+            {"step": step, "rank": rank, "seq": q, "values": {"a": v, "n": 1}}
+            for q, v in enumerate((big, small))
+        ]
+        if fragments
+        else [],
+        "commits": [{"step": step, "rank": rank, "fragments": 2}] if commit else [],
+    }
+
+
+def test_a_group_that_completes_a_step_finalises_it_in_its_transaction(
     client: TestClient, texts: list[list[str]], ran: list[str]
 ) -> None:
-    """Every rank of step 2 in one group: its finalisation (its row, its values) goes
-    in the group's own transaction, none after it, and the step is stored bit for bit
-    as the finalisation after the commit stores step 3, the same values posted a rank
-    at a time."""
+    """A group that completes a step finalises it in its own transaction (its row, its
+    values), none after it, where the group holds every rank of it (step 2) or the
+    loop stored the rest (step 3, a rank a group); where another writer stored some of
+    it (step 4's rank 0, not plain, by the writer threads), after the commit. All three
+    are stored bit for bit alike."""
     _finalise_first_step(client)
     texts.clear()
     ran.clear()
-    pairs = [(0, 1e17, 0.1), (1, -1e17, 0.2)]  # 1e17 - 1e17 + 0.1 + 0.2, rounded once
-    body = orjson.dumps(
-        {
-            "fragments": [
-                {"step": 2, "rank": r, "seq": q, "values": {"a": v, "n": 1}}
-                for r, big, small in pairs
-                for q, v in enumerate((big, small))
-            ],
-            "commits": [{"step": 2, "rank": r, "fragments": 2} for r, _, _ in pairs],
-        }
-    )
-    done = _post(client, body)
+    whole = {key: [*_rank(2, 0)[key], *_rank(2, 1)[key]] for key in ("fragments", "commits")}
+    done = _post(client, orjson.dumps(whole))
     assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 1}]
-    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
-    assert ran == []  # no finalisation after the commit
-    for r, big, small in pairs:  # step 3 a rank at a time: finalised after the commit
-        rank = {
-            "fragments": [
-                {"step": 3, "rank": r, "seq": q, "values": {"a": v, "n": 1}}
-                for q, v in enumerate((big, small))
-            ],
-            "commits": [{"step": 3, "rank": r, "fragments": 2}],
-        }
-        last = _post(client, orjson.dumps(rank))
-    assert last["finalised"] == [{"step": 3, "status": "complete", "revision": 1}]
-    assert PIPELINE.locked_steps_of in ran
-    inside, after = _step(client, 2), _step(client, 3)
-    assert inside["metrics"]["a"]["value"] == 0.1 + 0.2 == 0.30000000000000004
-    assert inside["metrics"]["n"]["value"] == 4.0
-    assert {**inside, "step": 3} == after
+    inside = [PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]
+    assert texts == [inside]
+    assert _post(client, orjson.dumps(_rank(3, 0)))["finalised"] == []
+    done = _post(client, orjson.dumps(_rank(3, 1)))
+    assert done["finalised"] == [{"step": 3, "status": "complete", "revision": 1}]
+    assert texts == [inside, [PIPELINE.fresh_plain], inside]
+    assert ran == []  # no finalisation after a commit
+    _post(client, orjson.dumps(_rank(4, 0, commit=False)))  # by the writer threads
+    _post(client, orjson.dumps(_rank(4, 0, fragments=False)))
+    texts.clear()
+    done = _post(client, orjson.dumps(_rank(4, 1)))
+    assert done["finalised"] == [{"step": 4, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain]]
+    assert PIPELINE.locked_steps_of in ran  # finalised after the commit
+    steps = {step: _step(client, step) for step in (2, 3, 4)}
+    assert steps[2]["metrics"]["a"]["value"] == 0.1 + 0.2 == 0.30000000000000004
+    assert steps[2]["metrics"]["n"]["value"] == 4.0
+    assert {**steps[2], "step": 4} == {**steps[3], "step": 4} == steps[4]
     series = client.get("/v1/runs/r/series/a").json()  # the stored values, by step
     assert dict(zip(series["steps"], series["values"], strict=True)) == {
         0: 0.75,
-        2: 0.1 + 0.2,
-        3: 0.1 + 0.2,
+        **dict.fromkeys((2, 3, 4), 0.1 + 0.2),
     }
 
 
@@ -358,3 +366,27 @@ def test_a_run_with_a_change_rule_finalises_after_the_commit(
     assert PIPELINE.locked_steps_of in ran
     breaches = client.get("/v1/runs/w/steps/2").json()["breaches"]
     assert [b["rule"] for b in breaches] == ["jump"]
+
+
+def test_a_step_finalised_partial_since_the_loop_stored_its_ranks_is_revised_the_general_way(
+    client: TestClient, texts: list[list[str]], ran: list[str]
+) -> None:
+    """The loop stored rank 0 of step 2; the step timed out and was finalised partial
+    (the sweep); rank 1 then completes it: the group's write, which finalises the step
+    as the loop knew it, finds it finalised and writes nothing, and the writer threads
+    store it and finalise revision 2."""
+    _finalise_first_step(client)
+    assert _post(client, orjson.dumps(_rank(2, 0)))["finalised"] == []
+    store = client.app.state.store  # type: ignore[attr-defined]
+    [partial] = store.sweep(now=time.time() + 1e9)
+    assert (partial.step, partial.status.value, partial.revision) == (2, "partial", 1)
+    texts.clear()
+    ran.clear()
+    done = _post(client, orjson.dumps(_rank(2, 1)))
+    assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 2}]
+    # finalised inside as the loop knew the step, refused as it stands: nothing written
+    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
+    assert PIPELINE.pairs_of in ran  # the writer threads' probe
+    step = client.get("/v1/runs/r/steps/2").json()
+    assert (step["status"], step["revision"]) == ("complete", 2)
+    assert step["metrics"]["a"]["value"] == 0.1 + 0.2
