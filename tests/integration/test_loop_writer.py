@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from steptally.service.app import create_app
 from steptally.service.settings import Settings
-from steptally.service.store import pg_pipeline, sql_ingest
+from steptally.service.store import pg_loop, pg_pipeline, sql_ingest
 from steptally.service.store.sql_statement import PIPELINE
 from tests.integration.conftest import _empty
 
@@ -390,3 +390,28 @@ def test_a_step_finalised_partial_since_the_loop_stored_its_ranks_is_revised_the
     step = client.get("/v1/runs/r/steps/2").json()
     assert (step["status"], step["revision"]) == ("complete", 2)
     assert step["metrics"]["a"]["value"] == 0.1 + 0.2
+
+
+def test_the_loop_forgets_its_oldest_open_steps_first(
+    client: TestClient, texts: list[list[str]], ran: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past :data:`.pg_loop.OPEN_PAIRS` pairs the loop forgets its oldest open steps:
+    such a step is finalised after its commit, the newer one inside its group."""
+    monkeypatch.setattr(pg_loop, "OPEN_PAIRS", 1)
+    _finalise_first_step(client)
+    for step in (2, 3):
+        assert _post(client, orjson.dumps(_rank(step, 0)))["finalised"] == []
+    [writer] = client.app.state.store._loop_writers.values()  # type: ignore[attr-defined]
+    assert [step for _, step in writer._open_steps] == [3]
+    texts.clear()
+    ran.clear()
+    done = _post(client, orjson.dumps(_rank(2, 1)))
+    assert done["finalised"] == [{"step": 2, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain]] and PIPELINE.locked_steps_of in ran
+    texts.clear()
+    ran.clear()
+    done = _post(client, orjson.dumps(_rank(3, 1)))
+    assert done["finalised"] == [{"step": 3, "status": "complete", "revision": 1}]
+    assert texts == [[PIPELINE.fresh_plain, PIPELINE.finalise_fresh, PIPELINE.insert_values]]
+    assert ran == [] and writer._open_steps == {} and writer._open_pairs == 0
+    assert _step(client, 2) | {"step": 3} == _step(client, 3)
