@@ -198,30 +198,39 @@ def fresh_write(run: RunRecord, batches: Sequence[tuple[PreparedBatch, float]]) 
 @dataclass(slots=True)
 class OpenStep:
     """Every pair stored of an open step, as the writer that stored them all knows
-    them: the step's row as its last write left it, and each rank's declared fragments
-    and partial row (fragments, state)."""
+    them: the step's row as its last write left it, each rank's declared fragments and
+    partial row (fragments, state), and their sums (what the row's counters count)."""
 
     row: StepState
     commits: dict[int, int]
     parts: dict[int, tuple[int, bytes]]
+    expected: int
+    received: int
 
     @classmethod
     def of(cls, row: StepState, fresh: Fresh, before: OpenStep | None) -> OpenStep | None:
         """The step of ``row`` (as ``fresh``'s write, committed, left it) with ``fresh``'s
-        pairs added to ``before`` (what the same writer knew of it); None where the row
-        counts more than those pairs (another writer's are stored too: each stored pair
-        adds to its counters) or the step is not open."""
+        pairs added to ``before`` (what the same writer knew of it, taken over: a step
+        of 4096 ranks gains 8 pairs a group); None where the row counts more than those
+        pairs (another writer's are stored too: each stored pair adds to its counters)
+        or the step is not open."""
         if row.status is not StepStatus.OPEN or row.revision:
             return None
         step = row.step
-        commits = {r: n for (s, r), n in fresh.batch.commits.items() if s == step}
-        parts = {r: (n, st) for s, r, n, st in fresh.partials if s == step}
-        if before is not None:
-            commits, parts = before.commits | commits, before.parts | parts
-        counted = (len(commits), sum(commits.values()), sum(n for n, _ in parts.values()))
+        known = before or cls(row, {}, {}, 0, 0)
+        for (s, r), n in fresh.batch.commits.items():
+            if s == step:
+                known.commits[r] = n
+                known.expected += n
+        for s, r, n, st in fresh.partials:
+            if s == step:
+                known.parts[r] = (n, st)
+                known.received += n
+        counted = (len(known.commits), known.expected, known.received)
         if (row.committed_ranks, row.expected, row.received) != counted:
             return None
-        return cls(row, commits, parts)
+        known.row = row
+        return known
 
 
 def finalise_fresh(
@@ -247,7 +256,7 @@ def finalise_fresh(
         parts = [(r, n, st) for s, r, n, st in fresh.partials if s == step]
         before = (known or {}).get(step)
         if before is not None:
-            if commits.keys() & before.commits.keys():  # not new: its write fails
+            if any(r in before.commits for r in commits):  # not new: its write fails
                 continue
             added = fresh.added.get(step, Delta())
             b = before.row
@@ -259,10 +268,11 @@ def finalise_fresh(
                 missing_ranks=b.missing_ranks - added.committed,
                 changed=True,
             )
-            commits |= before.commits
-            parts += [(r, n, st) for r, (n, st) in before.parts.items()]
         if rules.next_status(run.world_size, state) is not StepStatus.COMPLETE:
             continue
+        if before is not None:  # (a group's work, not the step's, until it completes)
+            commits |= before.commits
+            parts += [(r, n, st) for r, (n, st) in before.parts.items()]
         progress = Progress(run.world_size, commits, {r: n for r, n, _ in parts})
         row = replace(state, values=[], breaches=[])  # the write's own row stays as it was
         cells = partial.merged(run, (st for *_, st in parts))
