@@ -12,7 +12,10 @@ locks, taken in one order so that no two writers ever wait on each other in a ci
   while its counters change and its transaction commits;
 * a step the batch completed (or changed after a partial finalisation) is finalised
   afterwards in a transaction of its own that locks its row (the same as the sweeper's),
-  so every finalisation sees every batch counted before it.
+  so every finalisation sees every batch counted before it; except where the event
+  loop's group completes a step every other pair of which the loop stored itself
+  (:mod:`.pg_loop`): that step is finalised before the group is sent and written in
+  its transaction, which fails unless the step's row counts exactly those pairs.
 
 A batch of which nothing is stored yet (no commit or partial row of any of its pairs)
 and none of whose steps is finalised — what a reporter sends, each rank each step
