@@ -248,12 +248,17 @@ class LoopWriter:
             return None, None, []
         known = self._store._runs.known(run.id)
         finalised = []
-        if known is not None:
+        # the run as the store last read it, which the batches were made for too (their
+        # states' columns are the run's; a metric added since, either way: after the
+        # commit, with the run read anew)
+        if known is not None and known[1] == run:
             mine = {
                 s: o for s in fresh.steps if (o := self._open_steps.get((run.id, s))) is not None
             }
-            now = max(p.now for p in items)
-            finalised = sql_ingest.finalise_fresh(known[1], fresh, now, mine)
+            try:
+                finalised = sql_ingest.finalise_fresh(run, fresh, max(p.now for p in items), mine)
+            except Exception:  # a fault of ours: the general way finalises them after the commit
+                log.exception("finalising the steps of a group of %d batches", len(items))
         dialect = self._store.dialect
         assert isinstance(dialect, PostgresDialect)
         statements = dialect.plain_statements(
