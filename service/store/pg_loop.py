@@ -26,9 +26,10 @@ group that ``fresh_plain`` finds not new (a retry, a duplicate, a late rank: it 
 nothing), and every batch while the loop's connection is being opened (in a thread:
 the loop never waits for the database). A finalisation runs in the loop's executor,
 the group that completed its steps answered once it is done; but a step that a group
-completes on its own (every rank of it in the group, nothing of it stored before) is
-finalised before the group is sent, from the group's own partial states, and written
-in the group's transaction (:func:`.sql_ingest.finalise_fresh`), which fails, and the
+completes, every other pair of which this loop stored itself (or none: every rank of
+it in the group), is finalised before the group is sent, from those pairs' partial
+states (kept while the step is open: :class:`.sql_ingest.OpenStep`), and written in
+the group's transaction (:func:`.sql_ingest.finalise_fresh`), which fails, and the
 group goes to the writer threads, unless the step's row and the run are as that
 finalisation took them.
 """

@@ -134,16 +134,8 @@ def test_the_loop_writes_plain_groups_and_finalises_what_they_complete(
 
 
 def test_what_is_not_new_or_not_plain_goes_to_the_writer_threads(
-    client: TestClient, sends: list[int], monkeypatch: pytest.MonkeyPatch
+    client: TestClient, sends: list[int], ran: list[str]
 ) -> None:
-    ran: list[str] = []
-    run = pg_pipeline.run
-
-    def writers(driver: psycopg.Connection, statements: Any, *args: Any, **kw: Any) -> Any:
-        ran.extend(sql for sql, _ in statements)
-        return run(driver, statements, *args, **kw)
-
-    monkeypatch.setattr(pg_pipeline, "run", writers)
     again = _post(client, _body((0, 0, 0.5)))  # stored before: a duplicate
     assert (again["accepted"], again["duplicates"], again["commits"]) == (0, 1, 0)
     assert sends == [1]  # sent, refused by its keys, nothing written
