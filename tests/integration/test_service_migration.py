@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
@@ -17,7 +21,7 @@ from steptally.service.domain.batch import prepare
 from steptally.service.domain.run import RunDraft
 from steptally.service.errors import NotMigrated
 from steptally.service.settings import Settings
-from steptally.service.store.migration import upgrade
+from steptally.service.store.migration import alembic_config, upgrade
 from steptally.service.store.models import Base
 from steptally.service.store.sql import SqlStore
 
@@ -102,3 +106,81 @@ def test_fragments_stored_before_partial_rows_gain_rows_and_stay_exact(db_url: s
         assert (values["a"]["value"], values["n"]["value"]) == (3.5, 4.0)  # 1e17 + 3 - 1e17 + 0.5
     finally:
         store.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of its own, no schema in it: SQLite, then PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'own.sqlite3'}"
+        return
+    admin_url: str = request.getfixturevalue("pg_admin_url")
+    name = f"steptally_migration_{os.getpid()}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def _step_values(engine: sa.Engine) -> tuple[list[Any], list[Any], list[str]]:
+    """The table's rows, its foreign keys and its indexes' names."""
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT run_id, col, step, value, state FROM step_values ORDER BY col, step"
+        ).all()
+        inspector = sa.inspect(conn)
+        keys = inspector.get_foreign_keys("step_values")
+        indexes = sorted(str(i["name"]) for i in inspector.get_indexes("step_values"))
+    return [tuple(r) for r in rows], keys, indexes
+
+
+def test_step_values_lose_their_run_key_and_keep_their_rows(unmigrated_url: str) -> None:
+    # revision 0013: a finalisation's values are written without a check of their run
+    # each; the rows written before are kept, as are the table's key order and index
+    config = alembic_config(unmigrated_url)
+    command.upgrade(config, "0012")
+    engine = sa.create_engine(unmigrated_url)
+    rows = [(1, 0, 5, 1.5, 0), (1, 0, 6, None, 1), (1, 1, 5, -2.25, 0), (1, -1, 5, None, 2)]
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO runs (id, name, world_size, spec, step_timeout_s, created_at) "
+                "VALUES (1, 'old', 2, '{}', 60.0, 0.0)"
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO step_values (run_id, col, step, value, state) "
+                    "VALUES (:r, :c, :s, :v, :st)"
+                ),
+                [dict(zip(("r", "c", "s", "v", "st"), row, strict=True)) for row in rows],
+            )
+        before, keys, indexes = _step_values(engine)
+        assert [k["referred_table"] for k in keys] == ["runs"]
+        command.upgrade(config, "0013")
+        after, keys, after_indexes = _step_values(engine)
+        assert keys == []
+        assert after == before == sorted(rows, key=lambda r: (r[1], r[2]))
+        assert after_indexes == indexes == ["ix_step_values_odd"]
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as conn:
+                sql = conn.exec_driver_sql(
+                    "SELECT sql FROM sqlite_master WHERE name = 'step_values'"
+                ).scalar_one()
+            assert "WITHOUT ROWID" in sql
+        with engine.begin() as conn:  # a value of a run that is not there is not refused now
+            conn.exec_driver_sql(
+                "INSERT INTO step_values (run_id, col, step, value, state) VALUES (9, 0, 0, 1.0, 0)"
+            )
+            conn.exec_driver_sql("DELETE FROM step_values WHERE run_id = 9")
+        command.downgrade(config, "0012")
+        again, keys, _ = _step_values(engine)
+        assert [k["referred_table"] for k in keys] == ["runs"]
+        assert again == before
+    finally:
+        engine.dispose()
