@@ -184,3 +184,34 @@ def test_step_values_lose_their_run_key_and_keep_their_rows(unmigrated_url: str)
         assert again == before
     finally:
         engine.dispose()
+
+
+def test_a_run_deleted_by_hand_as_the_deploy_guide_says_leaves_no_row(db_url: str) -> None:
+    # docs/deploy.md: a pair's rows and a step's values have no foreign key to their run,
+    # so whoever deletes a run deletes them too; the rest goes with the run
+    spec = MetricSpec.build({"a": "sum", "n": "count"}, {"m": "a / n"})
+    store = SqlStore.from_url(db_url)
+    try:
+        run, _ = store.register_run("gone", lambda _: RunDraft(1, spec, 60.0), 0.0)
+        body = {
+            "fragments": [{"step": 0, "rank": 0, "seq": 0, "values": {"a": 2.0, "n": 1}}],
+            "commits": [{"step": 0, "rank": 0, "fragments": 1}],
+        }
+        done = store.ingest(run, prepare(run, decode_batch(body), columnar=False), 1.0)
+        assert [f.status.value for f in done.finalised] == ["complete"]
+        tables = ("fragments", "commits", "partials", "step_values", "steps", "metrics", "runs")
+        with store.engine.begin() as conn:
+            counts = {
+                t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar_one() for t in tables
+            }
+            assert all(counts.values()), counts  # the run has a row in each
+            for table in ("fragments", "commits", "partials", "step_values"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {run.id}")
+            conn.exec_driver_sql(f"DELETE FROM runs WHERE id = {run.id}")
+        with store.engine.connect() as conn:
+            left = {
+                t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar_one() for t in tables
+            }
+        assert set(left.values()) == {0}, left
+    finally:
+        store.close()
