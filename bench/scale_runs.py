@@ -6,8 +6,9 @@ VictoriaMetrics measured in the same run (its series stored, and new), the ratio
 it, the ratio to the HTTP floor, and the clients' own CPU a request, which tells a run
 the machine slowed as a whole (marked "slowed": over 1.5× the median of every run's;
 the clients do the same work in every run); then the median over the runs and how many
-runs reach 1.0× VictoriaMetrics with its series stored. Writes ``<out>.csv`` (every row, with its
-run), ``<out>.md`` (the table) and ``<out>.png`` (the ratios run by run, a slowed row shaded).
+runs reach 1.0× VictoriaMetrics with its series stored. Writes ``<out>.csv`` (every
+row, with its run), ``<out>.md`` (the table) and ``<out>.png`` (the ratios run by run,
+a slowed row shaded).
 
 Usage:
     python bench/scale_runs.py run1/scale.csv run2/scale.csv ... --out bench/results/x

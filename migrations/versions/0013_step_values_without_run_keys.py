@@ -70,8 +70,7 @@ def _rebuild(with_key: bool) -> None:
         sqlite_with_rowid=False,
     )
     op.execute(f"INSERT INTO {new} ({COLUMNS}) SELECT {COLUMNS} FROM {TABLE}")
-    op.drop_index("ix_step_values_odd", table_name=TABLE)
-    op.drop_table(TABLE)
+    op.drop_table(TABLE)  # its index with it
     op.rename_table(new, TABLE)
     op.create_index(
         "ix_step_values_odd", TABLE, ["run_id", "col", "step"], sqlite_where=sa.text(ODD)

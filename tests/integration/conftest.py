@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,25 +49,31 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def postgres_url(pg_admin_url: str) -> Iterator[str]:
-    name = f"steptally_test_{os.getpid()}"
-    admin = sa.create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+@contextmanager
+def own_database(admin_url: str, name: str) -> Iterator[str]:
+    """A PostgreSQL database ``name``, created empty (no schema) from ``admin_url``'s
+    server and dropped at the end; its URL."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             conn.exec_driver_sql(f"CREATE DATABASE {name}")
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        pytest.fail(f"PostgreSQL is not reachable at {pg_admin_url}: {exc}")
-    url = pg_admin_url.rsplit("/", 1)[0] + "/" + name
+        pytest.fail(f"PostgreSQL is not reachable at {admin_url}: {exc}")
     try:
-        upgrade(url)
-        yield url
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pg_admin_url: str) -> Iterator[str]:
+    with own_database(pg_admin_url, f"steptally_test_{os.getpid()}") as url:
+        upgrade(url)
+        yield url
 
 
 def _empty(url: str) -> None:

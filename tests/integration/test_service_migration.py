@@ -24,6 +24,7 @@ from steptally.service.settings import Settings
 from steptally.service.store.migration import alembic_config, upgrade
 from steptally.service.store.models import Base
 from steptally.service.store.sql import SqlStore
+from tests.integration.conftest import own_database
 
 
 def test_migrations_match_the_models(db_url: str) -> None:
@@ -115,17 +116,8 @@ def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         yield f"sqlite:///{tmp_path / 'own.sqlite3'}"
         return
     admin_url: str = request.getfixturevalue("pg_admin_url")
-    name = f"steptally_migration_{os.getpid()}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield admin_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
+    with own_database(admin_url, f"steptally_migration_{os.getpid()}") as url:
+        yield url
 
 
 def _step_values(engine: sa.Engine) -> tuple[list[Any], list[Any], list[str]]:
