@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -216,11 +217,25 @@ def _as_exact(x: float) -> Exact:
     return Fraction(x) if math.isfinite(x) else x
 
 
+def _beside_non_finite(x: Exact) -> float:
+    """An operand of an operation with a NaN or an infinity, as a float: IEEE arithmetic
+    reads only its sign and whether it is zero there, so an exact value past the
+    float64 range is the largest float of its sign, and one too small for it the
+    smallest (not a zero: ``x * inf`` is an infinity for any ``x`` but 0)."""
+    if isinstance(x, float):
+        return x
+    try:
+        rounded = x.numerator / x.denominator
+    except OverflowError:
+        return sys.float_info.max if x > 0 else -sys.float_info.max
+    return rounded if rounded or not x else (5e-324 if x > 0 else -5e-324)
+
+
 def _binop(op: str, a: Exact, b: Exact, right_text: Callable[[], str]) -> Exact:
     if b == 0 and op == "/":
         raise Undefined(f"the denominator {right_text()} is zero")
     if isinstance(a, float) or isinstance(b, float):  # IEEE semantics for NaN and inf
-        return _as_exact(_float_op(op, float(a), float(b)))
+        return _as_exact(_float_op(op, _beside_non_finite(a), _beside_non_finite(b)))
     if op == "+":
         return a + b
     if op == "-":

@@ -81,6 +81,23 @@ def test_non_finite_operands_follow_ieee() -> None:
     assert out["d"].non_finite == 1
 
 
+def test_exact_values_past_the_float_range_beside_non_finite_ones() -> None:
+    """An exact sum past float64's range, or one too small for it, meets an infinity:
+    only its sign and that it is not zero count (it once overflowed converting to a
+    float)."""
+    big = 1.7976931348623157e308
+    spec = MetricSpec.build(
+        {"a": "sum", "b": "sum", "n": "count"},
+        {"over": "b / a", "times": "a * b", "minus": "b - a"},
+    )
+    out = combine(spec, [{"a": -math.inf, "b": big, "n": 2}, {"a": 1.0, "b": big, "n": 2}])
+    assert out["over"].value == 0.0
+    assert out["times"].value == -math.inf and out["minus"].value == math.inf
+    tiny = MetricSpec.build({"a": "sum", "b": "sum", "n": "count"}, {"t": "(b * b) * a"})
+    small = combine(tiny, [{"a": math.inf, "b": 5e-324, "n": 1}])
+    assert small["t"].value == math.inf  # 2**-2148 is not zero: times inf is inf
+
+
 def test_empty_extreme_is_undefined_not_a_sentinel() -> None:
     spec = MetricSpec.build({"lo": "min", "hi": "max", "t": "sum"})
     out = combine(spec, [{"t": 1.0}])
