@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from steptally.client.algebra import alerts as alert_rules
@@ -124,6 +125,11 @@ class MetricSpec:
         if self.alerts:
             out["alerts"] = [rule.to_json() for rule in self.alerts]
         return out
+
+    @cached_property
+    def kinds(self) -> tuple[tuple[str, str], ...]:
+        """Each base metric's name and kind's name, in order (what a report names)."""
+        return tuple((name, kind.value) for name, kind in self.metrics.items())
 
     def names(self) -> list[str]:
         return [*self.metrics, *self.derived]

@@ -11,6 +11,10 @@
  *       (the guard column, or -1);
  *   merge(states) -> bytes
  *       the states of a sequence merged into one;
+ *   report(states) -> list
+ *       the states of a sequence merged and each column reported: its value rounded
+ *       once, as ``StepAccumulator.report`` rounds it, with its counts and its exact
+ *       integer's bytes, without a Python state made for each column;
  *   canonical(values, width, kinds, nan) -> bytes | None
  *       full-width rows as the service keeps them (every NaN as ``nan``), or None when
  *       a count column holds a value that is not a count (the ingest's fast path for
@@ -24,8 +28,9 @@
  * A sum is kept as an exact integer in units of 2**-1074: every finite float64 is
  * m * 2**s there, with a 53-bit m and 0 <= s <= 2045, so it adds into an array of
  * 32-bit digits held in int64 (carries resolved once, at the end, over the digits added
- * into and as far up as they reach: settle()). Nothing is rounded
- * here; rounding happens once, when a value is reported, in Python.
+ * into and as far up as they reach: settle()). Nothing is rounded but by report(),
+ * once, when a step's value is reported (round to nearest, ties to even: the same bits
+ * as Python's ``int / int``).
  *
  * combine() lets go of the GIL while it works on a large input; a small one (the
  * reporter's body: 256 values, ~2 us) it keeps it for, since it runs on the event loop,
@@ -35,6 +40,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define KIND_SUM 0
@@ -447,19 +453,20 @@ static int merge_one(State **cols, Py_ssize_t *cap, Py_ssize_t *width, Reader *r
     return r->p == r->end ? 0 : -1;
 }
 
-static PyObject *merge(PyObject *self, PyObject *arg) {
-    PyObject *seq = PySequence_Fast(arg, "merge() takes a sequence of states");
-    if (seq == NULL) return NULL;
+/* every state of the sequence ``arg`` merged into ``*cols`` (``*width`` columns; the
+ * caller frees ``*cols``); -1 with the error set */
+static int merge_all(PyObject *arg, State **cols, Py_ssize_t *width) {
+    PyObject *seq = PySequence_Fast(arg, "takes a sequence of states");
+    if (seq == NULL) return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    State *cols = NULL;
-    Py_ssize_t cap = 0, width = 0;
-    PyObject *out = NULL;
+    Py_ssize_t cap = 0;
+    int failed = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_buffer b;
         if (PyObject_GetBuffer(items[i], &b, PyBUF_SIMPLE)) goto done;
         Reader r = {b.buf, (const unsigned char *)b.buf + b.len};
-        int bad = merge_one(&cols, &cap, &width, &r);
+        int bad = merge_one(cols, &cap, width, &r);
         PyBuffer_Release(&b);
         if (bad == -2) {
             PyErr_NoMemory();
@@ -471,14 +478,155 @@ static PyObject *merge(PyObject *self, PyObject *arg) {
             goto done;
         }
     }
-    if (room(&cols, &cap, 0)) {
+    if (room(cols, &cap, 0)) {
         PyErr_NoMemory();
         goto done;
     }
-    out = finish(cols, width);
+    failed = 0;
+done:
+    Py_DECREF(seq);
+    return failed;
+}
+
+static PyObject *merge(PyObject *self, PyObject *arg) {
+    State *cols = NULL;
+    Py_ssize_t width = 0;
+    PyObject *out = merge_all(arg, &cols, &width) ? NULL : finish(cols, width);
+    PyMem_RawFree(cols);
+    return out;
+}
+
+/* -- report -------------------------------------------------------------------------- */
+
+/* bits [pos, pos + 64) of a magnitude held in ``d`` (``n`` digits, zero above) */
+static uint64_t bits_at(const uint32_t *d, int n, int pos) {
+    uint64_t out = 0;
+    for (int k = 0; k < 3; k++) {
+        int i = pos / 32 + k;
+        if (i >= n) break;
+        unsigned __int128 w = (unsigned __int128)d[i] << (32 * k);
+        out |= (uint64_t)(w >> (pos % 32));
+    }
+    return out;
+}
+
+/* the exact integer of a sum or count times 2**exp2, rounded once to the nearest
+ * float64, ties to even (what Python's ``int / int`` gives, an overflow as an
+ * infinity); ``raw``/``*raw_len``: its minimal little-endian two's complement bytes */
+static double rounded(State *st, int exp2, unsigned char *raw, size_t *raw_len) {
+    uint32_t d[LIMBS + 2];
+    int n = 0;
+    int negative = 0;
+    *raw_len = 0;
+    if (st->lo > st->hi) return 0.0;
+    uint32_t fill;
+    int top = settle(st, &fill);
+    memset(d, 0, sizeof d);
+    for (int i = st->lo; i <= top && i < LIMBS - 1; i++) d[i] = (uint32_t)st->limb[i];
+    if (top == LIMBS - 1) { /* the top digit kept the sign: two digits of it */
+        int64_t v = st->limb[LIMBS - 1];
+        d[LIMBS - 1] = (uint32_t)v;
+        d[LIMBS] = (uint32_t)((uint64_t)v >> 32);
+        n = LIMBS + 1;
+        negative = v < 0;
+    } else {
+        d[top + 1] = fill;
+        n = top + 2;
+        negative = fill != 0;
+    }
+    /* the bytes as stored: as few as hold the value with its sign */
+    size_t len = 4 * (size_t)n;
+    for (size_t k = 0; k < len; k++) raw[k] = (unsigned char)(d[k / 4] >> (8 * (k % 4)));
+    while (len > 1) {
+        unsigned char hi = raw[len - 1], next = raw[len - 2];
+        if ((hi == 0x00 && !(next & 0x80)) || (hi == 0xff && (next & 0x80))) len--;
+        else break;
+    }
+    if (len == 1 && raw[0] == 0) len = 0;
+    *raw_len = len;
+    if (negative) { /* its magnitude */
+        uint64_t carry = 1;
+        for (int i = 0; i < n; i++) {
+            uint64_t w = (uint64_t)(uint32_t)~d[i] + carry;
+            d[i] = (uint32_t)w;
+            carry = w >> 32;
+        }
+    }
+    int h = n - 1;
+    while (h >= 0 && d[h] == 0) h--;
+    if (h < 0) return 0.0;
+    int length = 32 * h + (32 - __builtin_clz(d[h])); /* bits */
+    double value;
+    if (length <= 53) {
+        value = ldexp((double)bits_at(d, n, 0), exp2); /* exact */
+    } else {
+        int shift = length - 54; /* the 53 bits, then the rounding bit */
+        uint64_t top54 = bits_at(d, n, shift) & (((uint64_t)1 << 54) - 1);
+        int sticky = 0;
+        for (int i = 0; i < shift / 32 && !sticky; i++) sticky = d[i] != 0;
+        if (!sticky && shift % 32) sticky = (d[shift / 32] & ((1u << (shift % 32)) - 1)) != 0;
+        uint64_t m = top54 >> 1;
+        if ((top54 & 1) && (sticky || (m & 1))) m++;
+        value = ldexp((double)m, shift + 1 + exp2); /* 2**53 exactly when rounded up */
+    }
+    return negative ? -value : value;
+}
+
+/* one merged column as ``(col, kind, n, non_finite, value, exact)``: a sum's or a
+ * count's value rounded once, NaN or an infinity for a sum that holds one (as
+ * ``SumState.value``), a min's or max's best (NaN where it holds one, None with no
+ * value); ``exact``: a sum's or count's integer as its stored bytes, else None */
+static PyObject *column_report(State *st, Py_ssize_t col) {
+    PyObject *value = NULL, *exact = Py_None;
+    uint64_t bad = 0;
+    Py_INCREF(Py_None);
+    if (st->kind == KIND_SUM || st->kind == KIND_COUNT) {
+        unsigned char raw[4 * (LIMBS + 2)];
+        size_t len;
+        double x = rounded(st, st->kind == KIND_SUM ? -1074 : 0, raw, &len);
+        if (st->kind == KIND_SUM) {
+            bad = st->nan + st->pinf + st->ninf;
+            if (st->nan || (st->pinf && st->ninf)) x = Py_NAN;
+            else if (st->pinf) x = Py_HUGE_VAL;
+            else if (st->ninf) x = -Py_HUGE_VAL;
+        }
+        value = PyFloat_FromDouble(x);
+        Py_DECREF(exact);
+        exact = PyBytes_FromStringAndSize((const char *)raw, (Py_ssize_t)len);
+    } else {
+        bad = st->nan + (st->has && !isfinite(st->best));
+        if (st->nan) value = PyFloat_FromDouble(Py_NAN);
+        else if (st->has) value = PyFloat_FromDouble(st->best);
+        else value = Py_NewRef(Py_None);
+    }
+    if (value == NULL || exact == NULL) {
+        Py_XDECREF(value);
+        Py_XDECREF(exact);
+        return NULL;
+    }
+    return Py_BuildValue("(niKKNN)", col, st->kind, (unsigned long long)st->n,
+                         (unsigned long long)bad, value, exact);
+}
+
+static PyObject *report(PyObject *self, PyObject *arg) {
+    State *cols = NULL;
+    Py_ssize_t width = 0;
+    PyObject *out = NULL;
+    if (merge_all(arg, &cols, &width)) goto done;
+    out = PyList_New(0);
+    if (out == NULL) goto done;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        if (cols[j].kind < 0) continue;
+        PyObject *one = column_report(&cols[j], j);
+        if (one == NULL || PyList_Append(out, one)) {
+            Py_XDECREF(one);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(one);
+    }
 done:
     PyMem_RawFree(cols);
-    Py_DECREF(seq);
     return out;
 }
 
@@ -764,6 +912,8 @@ static PyMethodDef methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(values, width, kinds, guards) -> the exact partial state of full-width fragments"},
     {"merge", merge, METH_O, "merge(states) -> one partial state"},
+    {"report", report, METH_O,
+     "report(states) -> [(col, kind, n, non_finite, value, exact)] of the states merged"},
     {"canonical", canonical, METH_VARARGS,
      "canonical(values, width, kinds, nan) -> the rows with canonical NaNs, or None"},
     {"pack", pack, METH_VARARGS,

@@ -11,6 +11,14 @@ def combine(values: Buffer, width: int, kinds: Buffer, guards: Buffer) -> bytes:
 def merge(states: Sequence[Buffer]) -> bytes:
     """Stored states (version 2) merged into one."""
 
+def report(
+    states: Sequence[Buffer],
+) -> list[tuple[int, int, int, int, float | None, bytes | None]]:
+    """Stored states (version 2) merged, each column present as ``(column, kind, n,
+    non_finite, value, exact)``: its value rounded once (None: a min or max without
+    one), ``exact`` a sum's or count's integer as little-endian two's complement bytes
+    (a sum's in units of 2**-1074), None for a min or max."""
+
 def canonical(values: Buffer, width: int, kinds: Buffer, nan: float) -> bytes | None:
     """Full-width rows with every NaN as ``nan``, or None when a count column holds a
     value that is not a count."""

@@ -71,11 +71,17 @@ class StepResult:
 
 
 def metric_json(result: MetricResult) -> MetricJson:
-    """One metric for JSON, its value a number or a proto3 string for NaN and infinities."""
-    out = result.to_json()
-    if result.value is not None:
-        out["value"] = encode_number(result.value)
-    return out
+    """One metric for JSON, its value a number or a proto3 string for NaN and infinities
+    (:meth:`MetricResult.to_json` with the value encoded, written out: a finalisation
+    makes one a metric)."""
+    value = result.value
+    return {
+        "value": value if value is None or math.isfinite(value) else encode_number(value),
+        "reason": result.reason,
+        "kind": result.kind,
+        "values": result.n,
+        "non_finite": result.non_finite,
+    }
 
 
 def combine(run: RunRecord, fragments: Sequence[packing.Cell]) -> dict[str, MetricResult]:
@@ -84,7 +90,7 @@ def combine(run: RunRecord, fragments: Sequence[packing.Cell]) -> dict[str, Metr
 
 
 #: what a step is evaluated from: its fragments, or their exact partial state merged
-Contributions = Sequence[packing.Cell] | StepAccumulator
+Contributions = Sequence[packing.Cell] | StepAccumulator | partial.Merged
 
 
 def evaluate(
@@ -92,8 +98,10 @@ def evaluate(
 ) -> StepResult:
     """The result of a step with ``status``, from all of its stored fragments or their
     merged partial state (the same bits either way)."""
-    acc = fragments if isinstance(fragments, StepAccumulator) else partial.of_cells(run, fragments)
-    report = acc.report()
+    if isinstance(fragments, StepAccumulator | partial.Merged):
+        report = fragments.report()
+    else:
+        report = partial.of_cells(run, fragments).report()
     return StepResult(
         status=status,
         metrics={name: metric_json(r) for name, r in report.items()},
@@ -115,6 +123,7 @@ class ValueState(IntEnum):
 
 
 StoredValue = tuple[int, float | None, int]  # (column, value, state)
+NUMBER = int(ValueState.NUMBER)
 # A metric's JSON value that is not a number: undefined, or a proto3 string.
 _NOT_A_NUMBER: dict[object, tuple[float | None, ValueState]] = {
     None: (None, ValueState.UNDEFINED),
@@ -141,12 +150,17 @@ def shown_value(value: float | str | None) -> float | None:
 def stored_values(run: RunRecord, result: StepResult) -> list[StoredValue]:
     """One (column, value, state) per metric and derived value of ``result``."""
     out: list[StoredValue] = []
+    metrics = result.metrics
     for name, col in run.value_column_of.items():
-        metric = result.metrics.get(name)
+        metric = metrics.get(name)
         if metric is None:
             continue
-        number, state = read_value(metric["value"])
-        out.append((col, number, state.value))
+        value = metric["value"]
+        if value.__class__ is float:  # a finite number, as most are
+            out.append((col, value, NUMBER))
+            continue
+        number, state = read_value(value)
+        out.append((col, number, int(state)))
     return out
 
 

@@ -28,15 +28,19 @@ Version 1, the JSON form of earlier releases (``{"metric": [...]}``, see
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
 import orjson
 
-from steptally.client.algebra import Kind, StepAccumulator
-from steptally.client.algebra.exact import CountState, ExtremeState, SumState
+from steptally.client.algebra import Kind, MetricResult, StepAccumulator
+from steptally.client.algebra.combine import Summary, no_value, reported
+from steptally.client.algebra.exact import SCALE_BITS, CountState, ExtremeState, SumState
+from steptally.client.algebra.expression import Exact, Undefined
 from steptally.service.domain import packing
 from steptally.service.domain.run import RunRecord
 
@@ -92,18 +96,83 @@ def merge(run: RunRecord, states: Sequence[bytes]) -> bytes:
     """Stored states merged into one stored state."""
     if kernel is not None and all(s[:1] == b"\x02" for s in states):
         return bytes(kernel.merge(states))
-    return encode(run, merged(run, states))
+    return encode(run, _accumulated(run, states))
 
 
-def merged(run: RunRecord, stored: Iterable[bytes]) -> StepAccumulator:
-    """Every stored state of ``stored`` merged into one (exactly, in any order)."""
+def merged(run: RunRecord, stored: Iterable[bytes]) -> StepAccumulator | Merged:
+    """Every stored state of ``stored`` merged into one (exactly, in any order): by the
+    kernel, reported there (:class:`Merged`), where it is built and every state is of
+    version 2; else in Python."""
     blobs = [bytes(b) for b in stored]
     if kernel is not None and blobs and all(b[:1] == b"\x02" for b in blobs):
-        return decode(run, kernel.merge(blobs))
+        return Merged(run, blobs)
+    return _accumulated(run, blobs)
+
+
+def _accumulated(run: RunRecord, stored: Iterable[bytes]) -> StepAccumulator:
     acc = StepAccumulator(run.spec)
-    for blob in blobs:
+    for blob in stored:
         acc.merge(decode(run, blob))
     return acc
+
+
+class Merged:
+    """Stored states merged by the kernel, each metric reported there
+    (``_partial.report``: its value rounded once in C, its counts, its exact integer's
+    bytes): what a finalisation evaluates, without a Python state made for every
+    metric. :meth:`report` gives the bits :meth:`StepAccumulator.report` gives for the
+    same states (``tests/unit/test_partial_state.py``); a finalisation at 8 ranks took
+    ~45 % of the time (bench/README.md, Scale)."""
+
+    __slots__ = ("_columns", "spec")
+
+    def __init__(self, run: RunRecord, blobs: Sequence[bytes]) -> None:
+        assert kernel is not None
+        self.spec = run.spec
+        names = run.columns
+        #: by metric: (kind, n, non_finite, value, exact integer's bytes or None)
+        self._columns: dict[str, Column] = {names[e[0]]: e[1:] for e in kernel.report(blobs)}
+
+    def report(self) -> dict[str, MetricResult]:
+        """Every metric and derived value of the spec, each rounded once."""
+        return reported(self.spec, self.summary, self.exact)
+
+    def summary(self, name: str) -> Summary:
+        """One metric as :func:`~steptally.client.algebra.combine.reported` takes it."""
+        column = self._columns.get(name)
+        if column is None:
+            if self.spec.metrics.get(name) in _EXTREMES:
+                return None, no_value(name), 0, 0
+            return 0.0, None, 0, 0
+        _, n, bad, value, exact = column
+        if value is None:
+            return None, no_value(name), n, bad
+        if exact is None:  # a min or max: its exact value rounds a zero to 0.0
+            value += 0.0
+        return value, None, n, bad
+
+    def exact(self, name: str) -> Exact:
+        """A metric's exact value, as :meth:`StepAccumulator._exact` gives it."""
+        column = self._columns.get(name)
+        if column is None:
+            if self.spec.metrics.get(name) in _EXTREMES:
+                raise Undefined(no_value(name))
+            return Fraction(0)
+        kind, _, bad, value, exact = column
+        if exact is None:  # a min or max
+            if value is None:
+                raise Undefined(no_value(name))
+            return Fraction(value) if math.isfinite(value) else value
+        if kind == 0 and bad:  # a sum that holds a NaN or an infinity: that, as it rounds
+            assert value is not None
+            return value
+        total = int.from_bytes(exact, "little", signed=True)
+        return Fraction(total, 1 << SCALE_BITS) if kind == 0 else Fraction(total)
+
+
+_EXTREMES = (Kind.MIN, Kind.MAX)
+#: a merged column as the kernel reports it, less its index
+Column = tuple[int, int, int, float | None, bytes | None]
 
 
 # -- the stored form ------------------------------------------------------------------

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steptally.client.algebra import MetricSpec
+from steptally.client.algebra import MetricResult, MetricSpec, StepAccumulator
+from steptally.client.algebra.exact import CountState, SumState
+from steptally.client.algebra.expression import Undefined
 from steptally.service.domain import packing, partial
 from steptally.service.domain.run import RunRecord
 
@@ -189,3 +191,117 @@ def test_the_kernel_refuses_what_does_not_fit() -> None:
         kernel.merge([b"\x02\x01\x00"])
     with pytest.raises(ValueError, match="not a partial state"):
         kernel.merge([b"{}"])
+
+
+# -- reported by the kernel ----------------------------------------------------------
+
+DERIVED = {"mean": "a / n", "ratio": "b / a", "spread": "hi - lo", "twice": "mean * 2"}
+RUN_D = RunRecord(
+    1, "r", 4, MetricSpec.from_json({**SPEC.to_json(), "derived": DERIVED}), 60.0, 0.0, RUN.columns
+)
+
+
+def bits(value: float | None) -> object:
+    """A reported value as its bits: -0.0 and 0.0 differ, every NaN is one."""
+    if value is None or value != value:
+        return value if value is None else "nan"
+    return struct.pack("<d", value)
+
+
+def report_bits(report: dict[str, MetricResult]) -> list[tuple[object, ...]]:
+    return [
+        (name, bits(r.value), r.reason, r.kind, r.n, r.non_finite) for name, r in report.items()
+    ]
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fragments(3), min_size=1, max_size=5))
+def test_the_kernel_reports_the_python_bits(parts: list[list[packing.Cell]]) -> None:
+    states = [partial.state_of(RUN_D, cells) for cells in parts]
+    merged = partial.merged(RUN_D, states)
+    assert isinstance(merged, partial.Merged)
+    python = partial.decode(RUN_D, partial.merge(RUN_D, states))
+    assert report_bits(merged.report()) == report_bits(python.report())
+    for name in KINDS:
+        try:
+            want: object = python._exact(name)
+        except Undefined as exc:
+            want = exc.args
+        try:
+            got: object = merged.exact(name)
+        except Undefined as exc:
+            got = exc.args
+        assert bits(got) == bits(want) if isinstance(want, float) else got == want
+
+
+def sum_state(acc: int, nan: int = 0, pos: int = 0, neg: int = 0) -> bytes:
+    """The stored form of one sum ``a`` of ``acc`` (units of 2**-1074) and one count
+    ``n`` of the same integer."""
+    state = StepAccumulator(SPEC)
+    state.states["a"] = SumState(acc, 1, nan, pos, neg)
+    state.states["n"] = CountState(abs(acc), 1)
+    return partial.encode(RUN, state)
+
+
+def python_rounded(acc: int) -> float:
+    try:
+        return acc / 2**1074
+    except OverflowError:
+        return math.inf if acc > 0 else -math.inf
+
+
+# integers that round to a tie (half an ulp above a 53-bit significand), one above and
+# one below it, anywhere in the float64 range and past it
+ties = st.builds(
+    lambda m, s, d, sign: sign * (((m << 1) | 1) << s) + d,
+    st.integers(2**52, 2**53 - 1),
+    st.integers(0, 2100),
+    st.sampled_from([-1, 0, 1]),
+    st.sampled_from([-1, 1]),
+)
+integers = st.one_of(
+    st.integers(-(2**2200), 2**2200), st.integers(-(2**60), 2**60), ties, st.just(0)
+)
+
+
+@needs_kernel
+@settings(max_examples=1000, deadline=None)
+@given(integers)
+def test_the_kernel_rounds_any_sum_and_count_as_python_divides(acc: int) -> None:
+    merged = partial.merged(RUN, [sum_state(acc)])
+    assert isinstance(merged, partial.Merged)
+    report = merged.report()
+    assert bits(report["a"].value) == bits(python_rounded(acc))
+    assert bits(report["n"].value) == bits(python_rounded(abs(acc) << 1074))
+    assert merged.exact("a") == Fraction(acc, 2**1074)
+    assert merged.exact("n") == abs(acc)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("counts", "value"),
+    [((1, 0, 0), math.nan), ((0, 1, 0), math.inf), ((0, 0, 2), -math.inf), ((0, 1, 1), math.nan)],
+)
+def test_the_kernel_reports_a_sum_that_holds_non_finite_values(
+    counts: tuple[int, int, int], value: float
+) -> None:
+    merged = partial.merged(RUN, [sum_state(5, *counts)])
+    a = merged.report()["a"]
+    assert bits(a.value) == bits(value) and a.non_finite == sum(counts)
+    assert bits(merged.exact("a")) == bits(value)  # type: ignore[arg-type]
+
+
+@needs_kernel
+def test_the_kernel_reports_metrics_without_values_as_python_does() -> None:
+    cells = [(struct.pack(f"<{WIDTH}d", 1.0, 2.0, 1.0, 0.0, -0.0, 5.0), None, None)]
+    merged = partial.merged(RUN_D, [partial.state_of(RUN_D, cells)])
+    report = merged.report()
+    python = partial.decode(RUN_D, partial.state_of(RUN_D, cells)).report()
+    assert report_bits(report) == report_bits(python)
+    assert (
+        report["hi"].value is None and report["hi"].reason == "no fragment carried a value of `hi`"
+    )
+    assert report["spread"].value is None  # derived from an undefined max
+    assert bits(report["lo"].value) == bits(0.0)  # the exact value of -0.0 is 0
+    assert report["mean"].value == 1.0 and report["twice"].value == 2.0
