@@ -1,0 +1,108 @@
+"""The instructions a step's finalisation costs the service, counted by callgrind.
+
+What a finalisation does in Python once its step's partial rows are read: merge the
+``--ranks`` ranks' partial states (one a rank: a reporter's body of 8 microbatches ×
+``bench/ingest.py``'s 32 metrics and its derived value), report every metric and the
+derived value rounded once, and make the step's result JSON and its stored values
+(``steptally.service.domain.step.finalise`` over ``partial.merged``). No database, no
+HTTP: the part of a step's cost that every store pays, and which at 8 ranks 8 bodies
+share (bench/README.md, Scale).
+
+Run under ``valgrind --tool=callgrind`` with ``n`` and ``2n`` finalisations; the
+difference over ``n`` is what one costs once warm. ``--before REV`` counts that
+revision first (built as ``scale_rounds.py`` builds it). ``--inner`` runs once without
+valgrind and prints the time a finalisation (median of 5 rounds).
+
+Usage:
+    python bench/finalise_instructions.py --before HEAD~3
+    python bench/finalise_instructions.py --ranks 256 --n 20
+    python bench/finalise_instructions.py --inner --n 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import struct
+import time
+from pathlib import Path
+
+from ingest import spec
+from ingest_instructions import callgrind, each_version
+
+WIDTH, ROWS = 32, 8
+
+
+def inner(ranks: int, n: int, timed: bool) -> None:
+    from steptally.client.algebra import MetricSpec
+    from steptally.service.domain import partial
+    from steptally.service.domain import step as rules
+    from steptally.service.domain.progress import Progress, StepStatus
+    from steptally.service.domain.run import RunRecord
+    from steptally.service.domain.step import StepState
+
+    names = tuple(spec(WIDTH)["metrics"])
+    run = RunRecord(1, "b", ranks, MetricSpec.from_json(spec(WIDTH)), 60.0, 0.0, names, ("mean0",))
+    rnd = random.Random(7)
+
+    def body() -> list[tuple[bytes, None, None]]:
+        cells = []
+        for _ in range(ROWS):
+            row = [rnd.gauss(0, 1) * 2.0 ** rnd.randint(-30, 30) for _ in range(WIDTH)]
+            row[28], row[29] = float(rnd.randrange(1, 4096)), float(rnd.randrange(1, 64))
+            cells.append((struct.pack(f"<{WIDTH}d", *row), None, None))
+        return cells
+
+    states = [partial.state_of(run, body()) for _ in range(ranks)]
+    every = {r: ROWS for r in range(ranks)}
+
+    def finalise() -> None:
+        fragments = ROWS * ranks
+        row = StepState(
+            1, StepStatus.OPEN, 0, ranks, fragments, fragments, 0, 0.0, 60.0, None, None
+        )
+        progress = Progress(ranks, every, every)
+        merged = partial.merged(run, states)
+        rules.finalise(run, row, progress, merged, StepStatus.COMPLETE, 1.0)
+        assert len(row.values) == WIDTH + 1
+
+    finalise()
+    if not timed:
+        for _ in range(n):
+            finalise()
+        return
+    took = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            finalise()
+        took.append((time.perf_counter() - t0) / n * 1e6)
+    print(f"{statistics.median(took):.1f} µs a finalisation of {ranks} ranks (median of 5)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--n", type=int, default=200, help="the runs finalise n and 2n steps")
+    p.add_argument("--before", help="a revision to count first, built as scale_rounds.py does")
+    p.add_argument("--inner", action="store_true", help="one timed run, in this process")
+    p.add_argument("--count", action="store_true", help=argparse.SUPPRESS)  # under callgrind
+    args = p.parse_args()
+    if args.inner or args.count:
+        inner(args.ranks, args.n, timed=not args.count)
+        return
+
+    def count(name: str, path: Path | None) -> None:
+        runs = [
+            callgrind(Path(__file__), ["--count", "--ranks", str(args.ranks), "--n", str(k)], path)
+            for k in (args.n, 2 * args.n)
+        ]
+        print(f"{name}: {(runs[1] - runs[0]) / args.n:,.0f} instructions a finalisation "
+              f"of {args.ranks} ranks", flush=True)  # fmt: skip
+
+    each_version(args.before, count)
+
+
+if __name__ == "__main__":
+    main()
