@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import struct
 import time
 from pathlib import Path
 
 from ingest import spec
 from ingest_instructions import callgrind, each_version
-
-WIDTH, ROWS = 32, 8
+from partial_state import ROWS, WIDTH, body
 
 
 def inner(ranks: int, n: int, timed: bool) -> None:
@@ -46,15 +44,7 @@ def inner(ranks: int, n: int, timed: bool) -> None:
     run = RunRecord(1, "b", ranks, MetricSpec.from_json(spec(WIDTH)), 60.0, 0.0, names, ("mean0",))
     rnd = random.Random(7)
 
-    def body() -> list[tuple[bytes, None, None]]:
-        cells = []
-        for _ in range(ROWS):
-            row = [rnd.gauss(0, 1) * 2.0 ** rnd.randint(-30, 30) for _ in range(WIDTH)]
-            row[28], row[29] = float(rnd.randrange(1, 4096)), float(rnd.randrange(1, 64))
-            cells.append((struct.pack(f"<{WIDTH}d", *row), None, None))
-        return cells
-
-    states = [partial.state_of(run, body()) for _ in range(ranks)]
+    states = [partial.state_of(run, body(rnd)) for _ in range(ranks)]
     every = {r: ROWS for r in range(ranks)}
 
     def finalise() -> None:

@@ -11,19 +11,15 @@ from pathlib import Path
 SCRIPT = Path(__file__).parents[2] / "bench" / "finalise_instructions.py"
 
 
-def test_the_counted_finalisations_run_and_store_every_value() -> None:
+def run(*args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--count", "--ranks", "3", "--n", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    timed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--inner", "--ranks", "2", "--n", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert timed.returncode == 0, timed.stderr
+    return done
+
+
+def test_the_counted_finalisations_run_and_store_every_value() -> None:
+    run("--count", "--ranks", "3", "--n", "2")
+    timed = run("--inner", "--ranks", "2", "--n", "1")
     assert "µs a finalisation of 2 ranks" in timed.stdout
