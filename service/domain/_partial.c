@@ -183,6 +183,17 @@ static int settle(State *st, uint32_t *fill) {
     return LIMBS - 1;
 }
 
+/* how many of ``len`` (>= 1) little-endian two's complement bytes hold their value with
+ * its sign: the top ones that only repeat the sign left off */
+static size_t signed_length(const unsigned char *raw, size_t len) {
+    while (len > 1) {
+        unsigned char top = raw[len - 1], next = raw[len - 2];
+        if ((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80))) len--;
+        else break;
+    }
+    return len;
+}
+
 /* the integer's shift (whole zero bytes below it) and minimal signed bytes */
 static int put_integer(Out *o, State *st) {
     unsigned char raw[4 * (LIMBS + 1)];
@@ -204,11 +215,7 @@ static int put_integer(Out *o, State *st) {
         put_u(o, 0, 2);
         return 0;
     }
-    while (hi - lo > 1) {
-        unsigned char top = raw[hi - 1], next = raw[hi - 2];
-        if ((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80))) hi--;
-        else break;
-    }
+    hi = lo + signed_length(raw + lo, hi - lo);
     if (reserve(o, 4 + hi - lo)) return -1;
     put_u(o, 4 * (size_t)st->lo + lo, 2);
     put_u(o, hi - lo, 2);
@@ -537,11 +544,7 @@ static double rounded(State *st, int exp2, unsigned char *raw, size_t *raw_len) 
     /* the bytes as stored: as few as hold the value with its sign */
     size_t len = 4 * (size_t)n;
     for (size_t k = 0; k < len; k++) raw[k] = (unsigned char)(d[k / 4] >> (8 * (k % 4)));
-    while (len > 1) {
-        unsigned char hi = raw[len - 1], next = raw[len - 2];
-        if ((hi == 0x00 && !(next & 0x80)) || (hi == 0xff && (next & 0x80))) len--;
-        else break;
-    }
+    len = signed_length(raw, len);
     if (len == 1 && raw[0] == 0) len = 0;
     *raw_len = len;
     if (negative) { /* its magnitude */

@@ -71,17 +71,12 @@ class StepResult:
 
 
 def metric_json(result: MetricResult) -> MetricJson:
-    """One metric for JSON, its value a number or a proto3 string for NaN and infinities
-    (:meth:`MetricResult.to_json` with the value encoded, written out: a finalisation
-    makes one a metric)."""
+    """One metric for JSON, its value a number or a proto3 string for NaN and infinities."""
+    out = result.to_json()
     value = result.value
-    return {
-        "value": value if value is None or math.isfinite(value) else encode_number(value),
-        "reason": result.reason,
-        "kind": result.kind,
-        "values": result.n,
-        "non_finite": result.non_finite,
-    }
+    if value is not None and not math.isfinite(value):
+        out["value"] = encode_number(value)
+    return out
 
 
 def combine(run: RunRecord, fragments: Sequence[packing.Cell]) -> dict[str, MetricResult]:
