@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
@@ -72,6 +72,9 @@ class EventCursor:
 class StepEvent:
     cursor: EventCursor
     step: dict[str, Any]  # the step object, as GET /v1/runs/{run}/steps/{step}
+    #: the event's bytes as a stream sends them, made once by the first stream that
+    #: sends it and shared by the others (``service/api/events.py``)
+    wire: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
 
 class Subscription:
