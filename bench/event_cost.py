@@ -1,8 +1,8 @@
 """The CPU a finalisation's event costs the serving process, from the hub to the stream.
 
 In one process and one event loop, without sockets: a step finalised from ``--ranks``
-ranks' partial states (``bench/ingest.py``'s 32 metrics and its derived value, as
-``finalise_instructions.py`` makes it), then ``--n`` events of it published as the
+ranks' partial states (``bench/ingest.py``'s 32 metrics and its derived value, made
+and finalised by ``finalise_instructions.py``), then ``--n`` events of it published as the
 service publishes a committed finalisation (``usecase.facade``: the step object built,
 then the hub), each followed by ``--subscribers`` streams: the service's own SSE route
 generator (``api.events``) under sse-starlette's response, whose ASGI ``send`` only
@@ -21,40 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import time
 from typing import Any
 
 import anyio
-from ingest import spec
-from partial_state import ROWS, WIDTH, body
+from finalise_instructions import finalise_step, step_parts
 from sse_starlette import EventSourceResponse
-
-
-def finalised(ranks: int) -> tuple[Any, Any]:
-    """A run and one of its steps' results, finalised from ``ranks`` ranks' states."""
-    from steptally.client.algebra import MetricSpec
-    from steptally.service.domain import partial
-    from steptally.service.domain import step as rules
-    from steptally.service.domain.progress import Progress, StepStatus
-    from steptally.service.domain.run import RunRecord
-    from steptally.service.domain.step import StepState
-
-    names = tuple(spec(WIDTH)["metrics"])
-    run = RunRecord(
-        1, "bench", ranks, MetricSpec.from_json(spec(WIDTH)), 60.0, 0.0, names, ("mean0",)
-    )
-    rnd = random.Random(7)
-    states = [partial.state_of(run, body(rnd)) for _ in range(ranks)]
-    every = {r: ROWS for r in range(ranks)}
-    fragments = ROWS * ranks
-    row = StepState(1, StepStatus.OPEN, 0, ranks, fragments, fragments, 0, 0.0, 60.0, None, None)
-    merged = partial.merged(run, states)
-    result = rules.finalise(
-        run, row, Progress(ranks, every, every), merged, StepStatus.COMPLETE, 1.0
-    )
-    return run, result
 
 
 class Source:
@@ -82,7 +55,8 @@ async def one_round(ranks: int, n: int, subscribers: int) -> tuple[float, float,
     from steptally.service.store.protocol import FinalisedStep, StepRecord
     from steptally.service.usecase import facade
 
-    run, result = finalised(ranks)
+    run, states = step_parts(ranks)
+    _, result = finalise_step(run, states)
     source = Source()
     sent: list[list[int]] = [[] for _ in range(subscribers)]
     done = asyncio.Event()

@@ -25,36 +25,51 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ingest import spec
 from ingest_instructions import callgrind, each_version
 from partial_state import ROWS, WIDTH, body
 
 
-def inner(ranks: int, n: int, timed: bool) -> None:
+def step_parts(ranks: int) -> tuple[Any, list[bytes]]:
+    """A run of ``bench/ingest.py``'s 32 metrics and its derived value, and ``ranks``
+    ranks' partial states of one of its steps (a reporter's body each)."""
     from steptally.client.algebra import MetricSpec
+    from steptally.service.domain import partial
+    from steptally.service.domain.run import RunRecord
+
+    names = tuple(spec(WIDTH)["metrics"])
+    metrics = MetricSpec.from_json(spec(WIDTH))
+    run = RunRecord(1, "bench", ranks, metrics, 60.0, 0.0, names, ("mean0",))
+    rnd = random.Random(7)
+    return run, [partial.state_of(run, body(rnd)) for _ in range(ranks)]
+
+
+def finalise_step(run: Any, states: Sequence[bytes]) -> tuple[Any, Any]:
+    """The step of ``states`` (every rank's, every fragment of each) finalised complete:
+    its row (its values to store included) and its result."""
     from steptally.service.domain import partial
     from steptally.service.domain import step as rules
     from steptally.service.domain.progress import Progress, StepStatus
-    from steptally.service.domain.run import RunRecord
     from steptally.service.domain.step import StepState
 
-    names = tuple(spec(WIDTH)["metrics"])
-    run = RunRecord(1, "b", ranks, MetricSpec.from_json(spec(WIDTH)), 60.0, 0.0, names, ("mean0",))
-    rnd = random.Random(7)
-
-    states = [partial.state_of(run, body(rnd)) for _ in range(ranks)]
+    ranks = len(states)
     every = {r: ROWS for r in range(ranks)}
+    fragments = ROWS * ranks
+    row = StepState(1, StepStatus.OPEN, 0, ranks, fragments, fragments, 0, 0.0, 60.0, None, None)
+    progress = Progress(ranks, every, every)
+    merged = partial.merged(run, states)
+    return row, rules.finalise(run, row, progress, merged, StepStatus.COMPLETE, 1.0)
+
+
+def inner(ranks: int, n: int, timed: bool) -> None:
+    run, states = step_parts(ranks)
 
     def finalise() -> None:
-        fragments = ROWS * ranks
-        row = StepState(
-            1, StepStatus.OPEN, 0, ranks, fragments, fragments, 0, 0.0, 60.0, None, None
-        )
-        progress = Progress(ranks, every, every)
-        merged = partial.merged(run, states)
-        rules.finalise(run, row, progress, merged, StepStatus.COMPLETE, 1.0)
+        row, _ = finalise_step(run, states)
         assert len(row.values) == WIDTH + 1
 
     finalise()
