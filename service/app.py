@@ -67,7 +67,8 @@ def create_app(
     peers = worker_peers() if settings.events_poll else None
     postgres = make_url(settings.database_url).get_backend_name() == "postgresql"
     by_database = settings.events_poll and peers is None and postgres
-    store = store if store is not None else open_store(settings, notify=by_database)
+    if store is None:
+        store = open_store(settings, notify=by_database, opened_at=clock())
     window_s = settings.metrics_window_s  # /metrics: the runs active within it
     registry, telemetry = build_registry(store.exposition_snapshot, window_s, clock)
     hub = EventHub()

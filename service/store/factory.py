@@ -22,10 +22,13 @@ from steptally.service.store.protocol import Store
 from steptally.service.store.sql import SqlStore
 
 
-def open_store(settings: Settings, *, notify: bool | None = None) -> Store:
+def open_store(
+    settings: Settings, *, notify: bool | None = None, opened_at: float | None = None
+) -> Store:
     """The store ``settings`` describe; the caller closes it. ``notify``: on PostgreSQL,
     whether each finalisation is announced to the other processes of the database
-    (unless given: whenever they do not hear each other otherwise, ``events_poll``)."""
+    (unless given: whenever they do not hear each other otherwise, ``events_poll``);
+    ``opened_at``: the moment it opens on the service's clock (None: ``time.time()``)."""
     sql = SqlStore.from_url(
         settings.database_url,
         settings.ingest_group_max_batches,
@@ -36,6 +39,7 @@ def open_store(settings: Settings, *, notify: bool | None = None) -> Store:
         settings.ingest_group_linger_s,
         notify=settings.events_poll if notify is None else notify,
         loop_writer=settings.ingest_loop_writer,
+        opened_at=opened_at,
     )
     if settings.redis_url is None:
         return sql

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
@@ -89,6 +90,7 @@ class SqlStore:
         writers: int | None = None,
         group_linger_s: float = 0.0,
         loop_writer: bool = True,
+        opened_at: float | None = None,
     ) -> None:
         """``group_max_batches`` None picks the database's default (see :mod:`.dialect`;
         1 turns grouping off); ``group_max_wait_s`` bounds a writer's wait for more
@@ -97,8 +99,11 @@ class SqlStore:
         threads, or one in a process that may run on one core only
         (:func:`writers_for`); ``loop_writer``: the event loop writes the groups of plain
         pairs that it submits (on PostgreSQL :mod:`.pg_loop`, on a SQLite file
-        :mod:`.sqlite_loop`)."""
+        :mod:`.sqlite_loop`); ``opened_at``: the moment the store opened on the clock of
+        the steps' times (None: now, ``time.time()``), which :meth:`finalise_stranded`
+        reads."""
         self.engine = engine
+        self.opened_at = time.time() if opened_at is None else opened_at
         self.url = engine.url.render_as_string(hide_password=False)
         self.dialect = dialect_for(engine)
         self._recovered = False  # see finalise_stranded
@@ -137,6 +142,7 @@ class SqlStore:
         group_linger_s: float = 0.0,
         notify: bool = False,
         loop_writer: bool = True,
+        opened_at: float | None = None,
     ) -> SqlStore:
         """A store over ``url`` (see :meth:`__init__`), its engine bounded by ``limits``;
         ``notify``: on PostgreSQL, each finalisation announced to the other processes
@@ -150,6 +156,7 @@ class SqlStore:
             writers,
             group_linger_s,
             loop_writer,
+            opened_at,
         )
         store.url = url
         if notify and isinstance(store.dialect, PostgresDialect):
@@ -415,9 +422,12 @@ class SqlStore:
 
     def finalise_stranded(self, now: float) -> list[FinalisedStep]:
         """Once per store, at its first sweep: finalise the steps whose counters say
-        complete but that are open or partial. On PostgreSQL a batch's steps are
-        finalised after its commit; a process stopped between the two leaves them so
-        (the deadline would finalise them too, later)."""
+        complete but that are open or partial, of those first seen before the store
+        opened. On PostgreSQL a batch's steps are finalised after its commit; a process
+        stopped between the two leaves them so (the deadline would finalise them too,
+        later). A step first seen since is left to the batch that completes it, which
+        finalises it after its commit: the first sweep may come late (the database
+        unreachable until then) and land between the two."""
         if self._recovered or not self.dialect.finalises_after_commit:
             return []
         c = STEPS.c
@@ -427,6 +437,7 @@ class SqlStore:
                     c.status.in_([StepStatus.OPEN.value, StepStatus.PARTIAL.value]),
                     c.missing_ranks == 0,
                     c.received == c.expected,
+                    c.first_seen_at < self.opened_at,
                 )
             ).all()
         out = [done for run_id, step in rows if (done := self.finalise_due(run_id, step, now))]

@@ -108,3 +108,27 @@ def test_a_step_left_complete_but_open_is_finalised_at_the_first_sweep(
     assert step is not None and step.result is not None
     exact = sum(map(Fraction, [_value(0, 0), _value(0, 1), _value(1, 0)]), Fraction(0))
     assert step.result.metrics["a"]["value"] == float(exact)
+
+
+def test_the_first_sweep_leaves_a_step_first_seen_since_the_store_opened_to_its_batch(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a first sweep that comes late (the database unreachable until then) can land
+    # between a batch's commit and its finalisation: the step is the batch's to finalise
+    opened = open_store(settings, opened_at=T0)
+    try:
+        sql = getattr(opened, "sql", opened)
+        if not sql.dialect.finalises_after_commit:
+            pytest.skip("SQLite finalises in the batch's own transaction")
+        run, _ = opened.register_run("r", lambda _: RunDraft(2, SPEC, 60.0), T0)
+        monkeypatch.setattr(type(sql), "_finalise_after", lambda *_: None)  # in between
+        opened.ingest(run, _batch(run, 0, range(0, 2), commit=2), T0 + 1)
+        assert opened.ingest(run, _batch(run, 1, range(0, 1), commit=1), T0 + 2).finalised == []
+        monkeypatch.undo()
+        assert opened.sweep(T0 + 3) == []  # not stranded: first seen at T0 + 1
+        step = opened.get_step(run, 0)
+        assert step is not None and step.status.value == "open"
+        swept = opened.sweep(T0 + 1 + 60.0)  # its deadline still finalises it
+        assert [(f.step, f.status.value) for f in swept] == [(0, "complete")]
+    finally:
+        opened.close()
