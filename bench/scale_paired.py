@@ -286,6 +286,10 @@ def plot(args: argparse.Namespace, slices: list[Slice], t: dict[str, Any], path:
     plt.close(fig)
 
 
+def _path(out: Path, suffix: str) -> Path:
+    return out.parent / f"{out.name}.{suffix}"  # a dot in the name stays
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--db", choices=["sqlite", "postgres"], default="postgres")
@@ -298,13 +302,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     slices = run(args)
     t = totals(slices)
-    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+    with open(_path(args.out, "csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(s.row() for s in slices)
     text = markdown(args, t)
-    args.out.with_suffix(".md").write_text(text + "\n")
-    plot(args, slices, t, args.out.with_suffix(".png"))
+    _path(args.out, "md").write_text(text + "\n")
+    plot(args, slices, t, _path(args.out, "png"))
     print(text)
     print(f"wrote {args.out}.csv, .md and .png")
 

@@ -43,7 +43,7 @@ def test_the_figures_leave_the_warm_up_out_and_weigh_each_slice_by_its_time() ->
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("victoria-metrics") is None, reason="needs victoria-metrics")
 def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> None:
-    out = tmp_path / "paired"
+    out = tmp_path / "paired.1"  # a dot in the name: paired.1.csv, not paired.csv
     args = ["--db", "sqlite", "--ranks", "8", "--rounds", "2", "--slice-steps", "2"]
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--out", str(out)],
@@ -52,7 +52,7 @@ def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> 
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    with open(out.with_suffix(".csv"), newline="") as f:
+    with open(tmp_path / "paired.1.csv", newline="") as f:
         reader = csv.DictReader(f)
         assert reader.fieldnames == COLUMNS
         rows = list(reader)
@@ -73,7 +73,7 @@ def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> 
         / sum(float(r["elapsed_s"]) for r in rows if r["side"] == side and r["round"] != "0")
         for side in ("steptally", "victoria")
     }
-    text = out.with_suffix(".md").read_text()
+    text = (tmp_path / "paired.1.md").read_text()
     assert f"**{rate['steptally'] / rate['victoria']:.2f}** over all slices" in text
-    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "paired.1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert done.stderr.count("(warm-up)") == 2
