@@ -20,8 +20,13 @@ value (Steptally's server and its database's backends; VictoriaMetrics' process)
 the clients' CPU a request. Every step Steptally took is then checked exact against
 an independent reference (``scale.verify_exact``) and VictoriaMetrics' sample count.
 
+``--summarise`` reads several runs' CSVs instead: a line a run, the median of the
+runs of each setup, and a plot of them.
+
 Usage:
     python bench/scale_paired.py --db postgres --cpus 1 --out bench/results/x
+    python bench/scale_paired.py --db postgres --cpus 1 --client-cpus 0 --out /tmp/y
+    python bench/scale_paired.py --summarise /tmp/x.csv /tmp/y.csv --out bench/results/z
     python bench/scale_paired.py --db sqlite --ranks 8 --rounds 2 --slice-steps 4 --out /tmp/p
 """
 
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +49,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 import procstat
 from ingest import database, spec  # the ingest benchmark's
-from loadgen import Job, blast, request
+from loadgen import Blast, Job, blast, request
 from scale import (
     METRICS,
     RUN,
@@ -62,6 +69,10 @@ from scale import (
 
 SIDES = ("steptally", "victoria")
 COLUMNS = [
+    "db",
+    "ranks",
+    "cpus",
+    "client_cpus",
     "round",
     "side",
     "first_step",
@@ -89,6 +100,17 @@ class Slice:
     cpu_s: float
     client_cpu_s: float
 
+    @classmethod
+    def of(cls, row: dict[str, str]) -> Slice:
+        """A slice from its CSV row."""
+        done = int(row["rank_steps"])
+        return cls(
+            int(row["round"]), row["side"], int(row["first_step"]), int(row["steps"]), done,
+            float(row["started_s"]), float(row["elapsed_s"]),
+            float(row["cpu_us_per_value"]) * done * VALUES_PER_BODY / 1e6,
+            float(row["client_cpu_us_per_request"]) * done / 1e6,
+        )  # fmt: skip
+
     def row(self) -> dict[str, Any]:
         return {
             "round": self.round,
@@ -115,6 +137,29 @@ class _Cpu:
 
     def spent(self) -> float:
         return procstat.cpu_s(self.pid) - self.at
+
+
+def _blast(jobs: list[Job], on_start: Callable[[], None], cpus: str | None) -> Blast:
+    """``loadgen.blast``, its client processes on ``cpus`` (a Linux CPU list; None: where
+    the kernel puts them): they are forked from this process, which is kept there while
+    it forks them."""
+    if cpus is None:
+        return blast(jobs, on_start=on_start)
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _cpu_list(cpus))
+    try:
+        return blast(jobs, on_start=on_start)
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+def _cpu_list(text: str) -> set[int]:
+    """``0,2-3`` → {0, 2, 3}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
 
 
 def victoria_jobs(port: int, ranks: int, steps: range, clients: int, warm: bool) -> list[Job]:
@@ -164,14 +209,14 @@ def run(args: argparse.Namespace) -> list[Slice]:
                         jobs = ingest_jobs(bodies, [servers[0].port], args.clients, warm=k == 0)
                         window = Window([servers[0].proc.pid], backends)
                         started = time.monotonic()
-                        done = blast(jobs, on_start=window.start)
+                        done = _blast(jobs, window.start, args.client_cpus)
                         window.stop()
                         cpu_s = window.server_s + window.db_s
                     else:
                         jobs = victoria_jobs(vm_port, ranks, span, args.clients, warm=k == 0)
                         clock = _Cpu(vm_pid)
                         started = time.monotonic()
-                        done = blast(jobs, on_start=clock.start)
+                        done = _blast(jobs, clock.start, args.client_cpus)
                         cpu_s = clock.spent()
                     if done.errors:
                         raise RuntimeError(f"{side}: {len(done.errors)} errors: {done.errors[:3]}")
@@ -228,7 +273,8 @@ def markdown(args: argparse.Namespace, t: dict[str, Any]) -> str:
     rounds = len(t["round_ratios"])
     lines = [
         f"{args.db}, {args.ranks} ranks, {rounds} rounds of {args.slice_steps} steps "
-        f"(`--cpus {args.cpus or '-'}`, {args.clients} clients), in turns (ABBA):",
+        f"(`--cpus {args.cpus or '-'}`, {args.clients} clients"
+        f"{f' on cores {args.client_cpus}' if args.client_cpus else ''}), in turns (ABBA):",
         "",
         "| | rank-steps/s | CPU µs a value | clients' CPU µs a request |",
         "|---|---|---|---|",
@@ -290,6 +336,80 @@ def _path(out: Path, suffix: str) -> Path:
     return out.parent / f"{out.name}.{suffix}"  # a dot in the name stays
 
 
+def summary(paths: list[Path]) -> list[dict[str, Any]]:
+    """Each run (one CSV) as a line: its setup and :func:`totals`."""
+    out = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        setup = {k: rows[0][k] for k in ("db", "ranks", "cpus", "client_cpus")}
+        out.append({"run": path.name, **setup, **totals([Slice.of(r) for r in rows])})
+    return out
+
+
+def summary_markdown(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| store | ranks | server `--cpus` | clients' cores | run | × VictoriaMetrics, "
+        "series stored (over all slices) | rounds ≥ 1.0 | CPU µs a value, Steptally "
+        "/ VictoriaMetrics | clients' CPU µs a request, Steptally / VictoriaMetrics |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted({_setup(r) for r in runs}):
+        mine = [r for r in runs if _setup(r) == key]
+        for r in mine:
+            lines.append(
+                f"| {' | '.join(map(str, key))} | {r['run']} | {r['ratio']:.2f} "
+                f"| {r['rounds_at_1']} of {len(r['round_ratios'])} "
+                f"| {r['steptally_cpu_us_per_value']:.2f} / {r['victoria_cpu_us_per_value']:.2f} "
+                f"| {r['steptally_client_cpu_us']:.0f} / {r['victoria_client_cpu_us']:.0f} |"
+            )
+        ratios = [r["ratio"] for r in mine]
+        lines.append(
+            f"| **{' | '.join(map(str, key))}** | **median of {len(mine)}** "
+            f"| **{statistics.median(ratios):.2f}** ({sum(x >= 1.0 for x in ratios)} of "
+            f"{len(mine)} runs ≥ 1.0) | | | |"
+        )
+    return "\n".join(lines)
+
+
+def _setup(run: dict[str, Any]) -> tuple[str, ...]:
+    return (run["db"], str(run["ranks"]), run["cpus"], run["client_cpus"])
+
+
+def summary_plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({_setup(r) for r in runs})
+    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 4, 5))
+    for x, key in enumerate(keys):
+        mine = [r for r in runs if _setup(r) == key]
+        for r in mine:
+            rounds = r["round_ratios"]
+            ax.scatter([x + 0.12] * len(rounds), rounds, color="grey", s=8, alpha=0.5)
+        ratios = [r["ratio"] for r in mine]
+        ax.scatter([x] * len(ratios), ratios, color="C0", zorder=3)
+        median = statistics.median(ratios)
+        ax.hlines(median, x - 0.25, x + 0.25, color="C1", zorder=4)
+        ax.annotate(f"{median:.2f}", (x + 0.27, median), fontsize=8, va="center")
+    ax.scatter([], [], color="C0", label="a run, over all its slices")
+    ax.scatter([], [], color="grey", s=8, label="a round of a run")
+    ax.hlines([], 0, 0, color="C1", label="the median of the runs")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    labels = [
+        f"{db}, {ranks} ranks\nserver --cpus {c}\nclients on {cc}" for db, ranks, c, cc in keys
+    ]
+    ax.set_xticks(range(len(keys)), labels, fontsize=8)
+    ax.set_ylabel("Steptally ÷ VictoriaMetrics (series stored)")
+    ax.set_title("scale_paired.py: the two in turns, run by run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--db", choices=["sqlite", "postgres"], default="postgres")
@@ -298,14 +418,36 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slice-steps", type=int, default=8, help="steps of every rank a slice")
     p.add_argument("--clients", type=int, default=8, help="client processes")
     p.add_argument("--cpus", default=None, help="steptally serve --cpus (unset: unpinned)")
+    p.add_argument(
+        "--client-cpus",
+        default=None,
+        help="the client processes' cores, e.g. 0 (unset: where the kernel puts them)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the outputs' path, no suffix")
+    p.add_argument(
+        "--summarise",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="instead of a run: these runs' CSVs, one line each and their medians",
+    )
     args = p.parse_args(argv)
+    if args.summarise is not None:
+        runs = summary(args.summarise)
+        text = summary_markdown(runs)
+        _path(args.out, "md").write_text(text + "\n")
+        summary_plot(runs, _path(args.out, "png"))
+        print(text)
+        print(f"wrote {args.out}.md and .png")
+        return
     slices = run(args)
     t = totals(slices)
     with open(_path(args.out, "csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(s.row() for s in slices)
+        setup = {"db": args.db, "ranks": args.ranks, "cpus": args.cpus or "-"}
+        setup["client_cpus"] = args.client_cpus or "-"
+        writer.writerows({**setup, **s.row()} for s in slices)
     text = markdown(args, t)
     _path(args.out, "md").write_text(text + "\n")
     plot(args, slices, t, _path(args.out, "png"))

@@ -14,11 +14,16 @@ import pytest
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "scale_paired.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from scale_paired import COLUMNS, Slice, totals  # noqa: E402
+from scale_paired import COLUMNS, Slice, _cpu_list, totals  # noqa: E402
 
 
 def _slice(round: int, side: str, done: int, elapsed_s: float) -> Slice:
     return Slice(round, side, 0, 1, done, 0.0, elapsed_s, 0.5, 0.25)
+
+
+def test_a_cpu_list_is_read_as_linux_writes_it() -> None:
+    assert _cpu_list("0") == {0}
+    assert _cpu_list("0,2-3") == {0, 2, 3}
 
 
 def test_the_figures_leave_the_warm_up_out_and_weigh_each_slice_by_its_time() -> None:
@@ -45,6 +50,7 @@ def test_the_figures_leave_the_warm_up_out_and_weigh_each_slice_by_its_time() ->
 def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> None:
     out = tmp_path / "paired.1"  # a dot in the name: paired.1.csv, not paired.csv
     args = ["--db", "sqlite", "--ranks", "8", "--rounds", "2", "--slice-steps", "2"]
+    args += ["--client-cpus", "0"]
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--out", str(out)],
         capture_output=True,
@@ -56,6 +62,9 @@ def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> 
         reader = csv.DictReader(f)
         assert reader.fieldnames == COLUMNS
         rows = list(reader)
+    assert {(r["db"], r["ranks"], r["cpus"], r["client_cpus"]) for r in rows} == {
+        ("sqlite", "8", "-", "0")
+    }
     order = [(int(r["round"]), r["side"]) for r in rows]
     assert order == [
         (0, "victoria"), (0, "steptally"),
@@ -77,3 +86,16 @@ def test_a_quick_run_alternates_the_two_abba_over_every_step(tmp_path: Path) -> 
     assert f"**{rate['steptally'] / rate['victoria']:.2f}** over all slices" in text
     assert (tmp_path / "paired.1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert done.stderr.count("(warm-up)") == 2
+    # the run summarised: its line, and the median of one run
+    summary = tmp_path / "summary"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--summarise", str(tmp_path / "paired.1.csv"),
+         "--out", str(summary)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    ratio = f"{rate['steptally'] / rate['victoria']:.2f}"
+    assert lines[2].startswith(f"| sqlite | 8 | - | 0 | paired.1.csv | {ratio} |")
+    assert lines[3].startswith(f"| **sqlite | 8 | - | 0** | **median of 1** | **{ratio}** (")
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
