@@ -399,7 +399,9 @@ def summary_plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.hlines([], 0, 0, color="C1", label="the median of the runs")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     labels = [
-        f"{db}, {ranks} ranks\nserver --cpus {c}\nclients on {cc}" for db, ranks, c, cc in keys
+        f"{db}, {ranks} ranks\nserver --cpus {c}\n"
+        f"clients on {'any core' if cc == '-' else f'core {cc}'}"
+        for db, ranks, c, cc in keys
     ]
     ax.set_xticks(range(len(keys)), labels, fontsize=8)
     ax.set_ylabel("Steptally ÷ VictoriaMetrics (series stored)")
