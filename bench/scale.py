@@ -317,6 +317,14 @@ def prepared(ranks: int, steps: int) -> list[list[bytes]]:
     return [bodies(shape, names, range(s, s + 1)) for s in range(steps)]
 
 
+def register_runs(base: str, ranks: int, clients: int) -> None:
+    """The bench's run of ``ranks`` ranks and the clients' warm-up run (one rank each)."""
+    run = {"name": RUN, "world_size": ranks, "step_timeout_s": 3600, **spec(METRICS)}
+    httpx.post(f"{base}/v1/runs", json=run).raise_for_status()
+    warm = {**run, "name": WARM, "world_size": clients}
+    httpx.post(f"{base}/v1/runs", json=warm).raise_for_status()
+
+
 def warm_body(rank: int) -> list[bytes]:
     shape = argparse.Namespace(ranks=rank + 1, microbatches=MICROBATCHES)
     names = list(spec(METRICS)["metrics"])
@@ -528,6 +536,25 @@ def victoria(storage: Path) -> Iterator[tuple[int, int]]:
         yield port, pid
 
 
+def victoria_jobs(port: int, ranks: int, steps: range, clients: int, stored: bool) -> list[Job]:
+    """The rank-steps of ``steps`` for VictoriaMetrics' Prometheus-text import, dealt out
+    to the clients as :func:`ingest_jobs` deals Steptally's (each client in step order),
+    each client's warm-up writing a series of its own; ``stored``: and every series the
+    steps write to, once (step -1, outside the timed range)."""
+    path = "/api/v1/import/prometheus"
+    jobs = []
+    for i in range(clients):
+        mine = range(i, ranks, clients)
+        reqs = [
+            request("POST", port, path, import_text(r, s), kind="text") for s in steps for r in mine
+        ]
+        warm = [request("POST", port, path, import_text(ranks + i, -1), kind="text")]
+        if stored:
+            warm += [request("POST", port, path, import_text(r, -1), kind="text") for r in mine]
+        jobs.append(Job(port, reqs, warmup=[request("GET", port, "/health")] * 3 + warm))
+    return jobs
+
+
 @dataclass(frozen=True)
 class Victoria:
     """VictoriaMetrics beside one row: rank-steps/s, its own HTTP floor (requests/s),
@@ -548,21 +575,8 @@ def victoria_rate(
     HTTP floor (``GET /health``, as many, same clients). ``stored``: each client imports
     a step of each of its ranks (step -1, outside the timed range) before the clock, so
     every series the timed steps write to exists already."""
-    texts = [[import_text(r, s) for r in range(ranks)] for s in range(steps)]
     with tempfile.TemporaryDirectory() as d, victoria(Path(d)) as (port, pid):
-        jobs = []
-        for i in range(args.clients):
-            mine = range(i, ranks, args.clients)
-            path = "/api/v1/import/prometheus"
-            reqs = [
-                request("POST", port, path, texts[s][r], kind="text")
-                for s in range(steps)
-                for r in mine
-            ]
-            warm = [request("POST", port, path, import_text(ranks + i, -1), kind="text")]
-            if stored:
-                warm += [request("POST", port, path, import_text(r, -1), kind="text") for r in mine]
-            jobs.append(Job(port, reqs, warmup=[request("GET", port, "/health")] * 3 + warm))
+        jobs = victoria_jobs(port, ranks, range(steps), args.clients, stored)
         start: dict[str, float] = {}
 
         def counters() -> None:
@@ -626,10 +640,7 @@ def measure(
         backends = Backends(url)
         try:
             base = servers[0].base
-            run = {"name": RUN, "world_size": ranks, "step_timeout_s": 3600, **spec(METRICS)}
-            httpx.post(f"{base}/v1/runs", json=run).raise_for_status()
-            warm = {**run, "name": WARM, "world_size": args.clients}
-            httpx.post(f"{base}/v1/runs", json=warm).raise_for_status()
+            register_runs(base, ranks, args.clients)
             ports = [s.port for s in servers]
             jobs = ingest_jobs(all_bodies, ports, args.clients, warm=True)
             window = Window([s.proc.pid for s in servers], backends)

@@ -30,9 +30,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import procstat
-from ingest import database, spec  # the ingest benchmark's
+from ingest import database  # the ingest benchmark's
 from loadgen import blast
-from scale import METRICS, RUN, WARM, Backends, Window, ingest_jobs, prepared, replicas
+from scale import RUN, Backends, Window, ingest_jobs, prepared, register_runs, replicas
 
 
 def threads(pid: int) -> Counter[str]:
@@ -77,10 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         replicas(url, 1, None, Path(logs), args.workers, args.cpus) as servers,
     ):
         server = servers[0]
-        run = {"name": RUN, "world_size": args.ranks, "step_timeout_s": 3600, **spec(METRICS)}
-        httpx.post(f"{server.base}/v1/runs", json=run).raise_for_status()
-        warm = {**run, "name": WARM, "world_size": args.clients}
-        httpx.post(f"{server.base}/v1/runs", json=warm).raise_for_status()
+        register_runs(server.base, args.ranks, args.clients)
         jobs = ingest_jobs(bodies, [server.port], args.clients, warm=True)
         backends = Backends(url)
         window = Window([server.proc.pid], backends)

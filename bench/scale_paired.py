@@ -48,23 +48,22 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import procstat
-from ingest import database, spec  # the ingest benchmark's
-from loadgen import Blast, Job, blast, request
+from ingest import database  # the ingest benchmark's
+from loadgen import Blast, Job, blast
 from scale import (
-    METRICS,
     RUN,
     VALUES_PER_BODY,
-    WARM,
     Backends,
     Window,
     _vm_count,
-    import_text,
     ingest_jobs,
     log,
     prepared,
+    register_runs,
     replicas,
     verify_exact,
     victoria,
+    victoria_jobs,
 )
 
 SIDES = ("steptally", "victoria")
@@ -162,24 +161,6 @@ def _cpu_list(text: str) -> set[int]:
     return out
 
 
-def victoria_jobs(port: int, ranks: int, steps: range, clients: int, warm: bool) -> list[Job]:
-    """The rank-steps of ``steps`` for VictoriaMetrics' Prometheus-text import, dealt out
-    to the clients as ``scale.ingest_jobs`` deals Steptally's (each client in step order);
-    ``warm``: every series written once before the clock (step -1, outside the range)."""
-    path = "/api/v1/import/prometheus"
-    jobs = []
-    for i in range(clients):
-        mine = range(i, ranks, clients)
-        reqs = [
-            request("POST", port, path, import_text(r, s), kind="text") for s in steps for r in mine
-        ]
-        warmup = [request("GET", port, "/health")] * 3
-        if warm:
-            warmup += [request("POST", port, path, import_text(r, -1), kind="text") for r in mine]
-        jobs.append(Job(port, reqs, warmup=warmup))
-    return jobs
-
-
 def run(args: argparse.Namespace) -> list[Slice]:
     ranks, width, rounds = args.ranks, args.slice_steps, args.rounds + 1  # round 0: warm-up
     steps = width * rounds
@@ -195,10 +176,7 @@ def run(args: argparse.Namespace) -> list[Slice]:
         backends = Backends(url)
         try:
             base = servers[0].base
-            spec_run = {"name": RUN, "world_size": ranks, "step_timeout_s": 3600, **spec(METRICS)}
-            httpx.post(f"{base}/v1/runs", json=spec_run).raise_for_status()
-            warm_run = {**spec_run, "name": WARM, "world_size": args.clients}
-            httpx.post(f"{base}/v1/runs", json=warm_run).raise_for_status()
+            register_runs(base, ranks, args.clients)
             origin = time.monotonic()
             for k in range(rounds):
                 span = range(k * width, (k + 1) * width)
@@ -213,7 +191,7 @@ def run(args: argparse.Namespace) -> list[Slice]:
                         window.stop()
                         cpu_s = window.server_s + window.db_s
                     else:
-                        jobs = victoria_jobs(vm_port, ranks, span, args.clients, warm=k == 0)
+                        jobs = victoria_jobs(vm_port, ranks, span, args.clients, stored=k == 0)
                         clock = _Cpu(vm_pid)
                         started = time.monotonic()
                         done = _blast(jobs, clock.start, args.client_cpus)
