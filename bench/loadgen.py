@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import queue
 import resource
 import socket
@@ -28,6 +29,8 @@ from typing import Any
 
 import httpx
 import orjson
+
+from steptally.service.settings import cpu_list
 
 FORK = mp.get_context("fork")
 
@@ -141,6 +144,7 @@ class Sent:
     answered_at: list[float]
     finalised: list[list[int]]  # per answered request: the steps its answer finalised
     errors: list[str]
+    cores: set[int] = field(default_factory=set)  # the cores the client could run on
 
 
 def _client(job: Job, barrier: Any, out: Any) -> None:
@@ -184,6 +188,7 @@ def _client(job: Job, barrier: Any, out: Any) -> None:
             answered_at,
             finalised,
             errors,
+            os.sched_getaffinity(0),
         )
     )
     conn.close()
@@ -211,23 +216,37 @@ class Blast:
     def errors(self) -> list[str]:
         return [e for s in self.sent for e in s.errors]
 
+    @property
+    def cores(self) -> set[int]:
+        """Every core a client could run on."""
+        return set().union(*(s.cores for s in self.sent))
 
-def blast(jobs: list[Job], on_start: Any = None, timeout_s: float = 3600) -> Blast:
+
+def blast(
+    jobs: list[Job], on_start: Any = None, timeout_s: float = 3600, cpus: str | None = None
+) -> Blast:
     """Run every job in a client process of its own, all released at once; ``on_start``
-    is called in this process just before the release (to read CPU counters)."""
+    is called in this process just before the release (to read CPU counters). ``cpus``
+    (a Linux CPU list, as ``steptally serve --cpus`` takes): the cores the client
+    processes run on, so that they stay off a server's (None: where the kernel puts
+    them); they are forked from this process, which is kept there while it forks them."""
     barrier = FORK.Barrier(len(jobs) + 1)
     out = FORK.Queue()
     procs = [FORK.Process(target=_client, args=(job, barrier, out)) for job in jobs]
+    mine = os.sched_getaffinity(0)
     # the clients are forked: their garbage collector would walk every object they
     # inherit (this process's bodies, earlier rows), copying each page it touches and
     # charging the client for it, more the more this process holds (bench/README.md,
     # Scale: the configuration run second paid 2-5x the CPU a request)
     gc.freeze()
     try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpu_list(cpus))
         for p in procs:
             p.start()
     finally:
         gc.unfreeze()
+        os.sched_setaffinity(0, mine)
     # every client is connected and warm once all of them wait at the barrier
     deadline = time.monotonic() + timeout_s
     while barrier.n_waiting < len(jobs):

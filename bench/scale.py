@@ -43,6 +43,14 @@ Measured per row, in the same run:
     and how busy it was, ``loop_*``); the peak resident memory (VmHWM) of the largest
     replica.
 
+With ``--turns N``, each row of one process on one database is then also measured as
+``scale_paired.py`` measures it (``turns_*``): a fresh server and database beside a
+fresh VictoriaMetrics with its series stored, the same clients sending each the same
+slice of steps (about ``--turn-bodies`` rank-steps) in turns, ABBA, N rounds after a
+warm-up round. A single row's ratio to its anchor moves by ±30 % with the machine from
+run to run; in turns, both sides see the same drift. ``--client-cpus`` keeps the client
+processes on given cores (off the server's, as trainers on other machines are).
+
 Writes ``scale.csv`` and ``scale.png`` (``scale_quick.*`` with ``--quick``) to ``--out``.
 
 Usage:
@@ -50,6 +58,8 @@ Usage:
     python bench/scale.py --quick         # 8 and 64 ranks, SQLite only (< 1 minute)
     python bench/scale.py --ranks 8 64 --configs sqlite postgres
     python bench/scale.py --ranks 256 --configs postgres --cpus - 1   # unpinned, then on core 1
+    python bench/scale.py --ranks 8 256 4096 --configs sqlite postgres --cpus 1 \
+        --client-cpus 0 --turns 30          # each row also in turns with VictoriaMetrics
 """
 
 from __future__ import annotations
@@ -164,7 +174,18 @@ COLUMNS = [
     "peak_rss_mb",
     "load_avg_1m",
     "steps_exact",
+    "client_cpus",
+    "turns_rounds",
+    "turns_slice_steps",
+    "turns_rank_steps_per_s",
+    "turns_victoria_rank_steps_per_s",
+    "turns_ratio",
+    "turns_median_round_ratio",
+    "turns_rounds_at_1",
+    "turns_cpu_us_per_value",
+    "turns_victoria_cpu_us_per_value",
 ]
+TURNS = [c for c in COLUMNS if c.startswith("turns_")]
 
 
 def log(msg: str) -> None:
@@ -496,10 +517,12 @@ def pushgateway_rate(ranks: int, args: argparse.Namespace) -> float:
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "groups"
         with pushgateway(state, check=False) as port:
-            fill = blast(jobs(port, 1, None))
+            fill = blast(jobs(port, 1, None), cpus=args.client_cpus)
             assert not fill.errors, fill.errors[:3]
         with pushgateway(state, check=True) as port:
-            timed = blast(jobs(port, args.pushgateway_rounds, args.pushgateway_s))
+            timed = blast(
+                jobs(port, args.pushgateway_rounds, args.pushgateway_s), cpus=args.client_cpus
+            )
             assert not timed.errors, timed.errors[:3]
             assert timed.done > 0
     return float(timed.done / timed.elapsed_s)
@@ -582,7 +605,7 @@ def victoria_rate(
         def counters() -> None:
             start.update(cpu=procstat.cpu_s(pid), machine=procstat.machine_busy_s())
 
-        timed = blast(jobs, on_start=counters)
+        timed = blast(jobs, on_start=counters, cpus=args.client_cpus)
         cpu_s = procstat.cpu_s(pid) - start["cpu"]
         machine_s = procstat.machine_busy_s() - start["machine"]
         assert not timed.errors, timed.errors[:3]
@@ -591,7 +614,8 @@ def victoria_rate(
         found = _vm_count(port, ranks, steps)
         assert found == ranks * steps * VALUES_PER_BODY, found
         health = request("GET", port, "/health")
-        floor = blast([Job(port, [health] * len(j.requests), warmup=[health] * 3) for j in jobs])
+        health_jobs = [Job(port, [health] * len(j.requests), warmup=[health] * 3) for j in jobs]
+        floor = blast(health_jobs, cpus=args.client_cpus)
         assert not floor.errors, floor.errors[:3]
     return Victoria(
         rate=float(timed.done / timed.elapsed_s),
@@ -646,7 +670,7 @@ def measure(
             window = Window([s.proc.pid for s in servers], backends)
             listener = Listener(base, RUN)
             try:
-                result = blast(jobs, on_start=window.start)
+                result = blast(jobs, on_start=window.start, cpus=args.client_cpus)
                 window.stop()
                 events = listener.wait_for(set(range(steps)), timeout_s=120)
             finally:
@@ -658,7 +682,7 @@ def measure(
                 raise RuntimeError(f"{summary} after {steps} steps")
             latency, rtt = finalise_ms(result, events, steps)
             floor_window = Window([s.proc.pid for s in servers], backends)
-            floor = blast(floor_jobs(jobs), on_start=floor_window.start)
+            floor = blast(floor_jobs(jobs), on_start=floor_window.start, cpus=args.client_cpus)
             floor_window.stop()
             assert not floor.errors, floor.errors[:3]
             rss = max(procstat.peak_rss_mb(p) for s in servers for p in procstat.family(s.proc.pid))
@@ -724,6 +748,37 @@ def measure(
         "peak_rss_mb": rss,
         "load_avg_1m": load,
         "steps_exact": exact,
+        "client_cpus": args.client_cpus or "",
+        **dict.fromkeys(TURNS, ""),
+    }
+
+
+def turns(config: Config, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The row's ``turns_*`` columns: ``scale_paired.py``'s run of ``config`` at ``ranks``
+    (a fresh server and database beside a fresh VictoriaMetrics, the same clients sending
+    each the same slice of steps in turns, ABBA, ``--turns`` rounds after a warm-up
+    round), so that the machine's drift weighs on both alike; a slice is
+    ``--turn-bodies`` rank-steps (whole steps, one at least)."""
+    import scale_paired  # it imports this module
+
+    if config.redis or config.replicas > 1 or config.workers > 1:
+        raise ValueError(f"--turns serves one process on one database, not {config.name}")
+    width = max(1, args.turn_bodies // ranks)
+    paired = argparse.Namespace(
+        db=config.db, ranks=ranks, rounds=args.turns, slice_steps=width,
+        clients=args.clients, cpus=config.cpus, client_cpus=args.client_cpus,
+    )  # fmt: skip
+    t = scale_paired.totals(scale_paired.run(paired))
+    return {
+        "turns_rounds": args.turns,
+        "turns_slice_steps": width,
+        "turns_rank_steps_per_s": t["steptally_rate"],
+        "turns_victoria_rank_steps_per_s": t["victoria_rate"],
+        "turns_ratio": t["ratio"],
+        "turns_median_round_ratio": t["median_round_ratio"],
+        "turns_rounds_at_1": t["rounds_at_1"],
+        "turns_cpu_us_per_value": t["steptally_cpu_us_per_value"],
+        "turns_victoria_cpu_us_per_value": t["victoria_cpu_us_per_value"],
     }
 
 
@@ -808,6 +863,28 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['victoria_cpu_us_per_value']:.1f} "
             f"| {r['client_cpu_us_per_request']:.0f} | {r['peak_rss_mb']:.0f} |"
         )
+    paired = [r for r in rows if r["turns_rounds"] != ""]
+    if paired:
+        out += [
+            "",
+            "In turns with VictoriaMetrics, its series stored (`--turns`: the same clients, "
+            "the same slices of steps, ABBA, a warm-up round left out):",
+            "",
+            "| config | ranks | rounds × steps a slice | rank-steps/s | VictoriaMetrics' "
+            "| **× VictoriaMetrics** | median round | rounds ≥ 1.0 "
+            "| CPU µs a value (VictoriaMetrics') |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in paired:
+            out.append(
+                f"| {r['config']} | {r['ranks']} | {r['turns_rounds']} × "
+                f"{r['turns_slice_steps']} | {r['turns_rank_steps_per_s']:.0f} "
+                f"| {r['turns_victoria_rank_steps_per_s']:.0f} | **{r['turns_ratio']:.2f}** "
+                f"| {r['turns_median_round_ratio']:.2f} "
+                f"| {r['turns_rounds_at_1']} of {r['turns_rounds']} "
+                f"| {r['turns_cpu_us_per_value']:.2f} "
+                f"({r['turns_victoria_cpu_us_per_value']:.2f}) |"
+            )
     return "\n".join(out)
 
 
@@ -827,6 +904,15 @@ def progress(row: dict[str, Any]) -> None:
         f"busy), machine {100 * row['machine_busy_share']:.0f} % busy, RSS "
         f"{row['peak_rss_mb']:.0f} MB"
     )
+    if row["turns_rounds"] != "":
+        log(
+            f"{row['config']:>17} {row['ranks']:>5} ranks in turns: "
+            f"{row['turns_rank_steps_per_s']:7.1f} rank-steps/s, "
+            f"{row['turns_ratio']:.2f}× VictoriaMetrics with its series stored "
+            f"({row['turns_rounds_at_1']} of {row['turns_rounds']} rounds ≥ 1.0), "
+            f"{row['turns_cpu_us_per_value']:.2f} µs CPU a value against "
+            f"{row['turns_victoria_cpu_us_per_value']:.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -849,6 +935,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--pushgateway-s", type=float, default=5.0, help="time box of its pushes")
     p.add_argument("--pushgateway-rounds", type=int, default=4, help="pushes of each rank")
+    p.add_argument(
+        "--client-cpus",
+        default=None,
+        help="the client processes' cores, e.g. 0 (unset: where the kernel puts them)",
+    )
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="after each row, its server and VictoriaMetrics (series stored) in turns for "
+        "this many rounds (scale_paired.py; 0: not)",
+    )
+    p.add_argument(
+        "--turn-bodies", type=int, default=2048, help="rank-steps a slice of --turns, about"
+    )
     p.add_argument("--quick", action="store_true", help="8 and 64 ranks, SQLite, few steps")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
@@ -876,6 +977,8 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 config = CONFIGS[name].serving(workers, None if cpus == "-" else cpus)
                 row = measure(config, ranks, steps, pgw, vm, vm_stored, args)
+                if args.turns:
+                    row.update(turns(config, ranks, args))
                 rows.append(row)
                 progress(row)
                 write_csv(rows, args.out / f"{stem}.csv")

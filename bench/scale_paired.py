@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 import procstat
 from ingest import database  # the ingest benchmark's
-from loadgen import Blast, Job, blast
+from loadgen import blast
 from scale import (
     RUN,
     VALUES_PER_BODY,
@@ -138,29 +136,6 @@ class _Cpu:
         return procstat.cpu_s(self.pid) - self.at
 
 
-def _blast(jobs: list[Job], on_start: Callable[[], None], cpus: str | None) -> Blast:
-    """``loadgen.blast``, its client processes on ``cpus`` (a Linux CPU list; None: where
-    the kernel puts them): they are forked from this process, which is kept there while
-    it forks them."""
-    if cpus is None:
-        return blast(jobs, on_start=on_start)
-    mine = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, _cpu_list(cpus))
-    try:
-        return blast(jobs, on_start=on_start)
-    finally:
-        os.sched_setaffinity(0, mine)
-
-
-def _cpu_list(text: str) -> set[int]:
-    """``0,2-3`` → {0, 2, 3}."""
-    out: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        out.update(range(int(first), int(last or first) + 1))
-    return out
-
-
 def run(args: argparse.Namespace) -> list[Slice]:
     ranks, width, rounds = args.ranks, args.slice_steps, args.rounds + 1  # round 0: warm-up
     steps = width * rounds
@@ -187,14 +162,14 @@ def run(args: argparse.Namespace) -> list[Slice]:
                         jobs = ingest_jobs(bodies, [servers[0].port], args.clients, warm=k == 0)
                         window = Window([servers[0].proc.pid], backends)
                         started = time.monotonic()
-                        done = _blast(jobs, window.start, args.client_cpus)
+                        done = blast(jobs, window.start, cpus=args.client_cpus)
                         window.stop()
                         cpu_s = window.server_s + window.db_s
                     else:
                         jobs = victoria_jobs(vm_port, ranks, span, args.clients, stored=k == 0)
                         clock = _Cpu(vm_pid)
                         started = time.monotonic()
-                        done = _blast(jobs, clock.start, args.client_cpus)
+                        done = blast(jobs, clock.start, cpus=args.client_cpus)
                         cpu_s = clock.spent()
                     if done.errors:
                         raise RuntimeError(f"{side}: {len(done.errors)} errors: {done.errors[:3]}")

@@ -57,11 +57,12 @@ POSITIVE = [
 
 
 def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
+    turns = ["--turns", "1", "--turn-bodies", "32", "--client-cpus", "0"]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(SCRIPT), "--quick", *turns, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "scale_quick.csv", newline="") as f:
@@ -90,6 +91,21 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
         loop_s = float(row["loop_cpu_us_per_request"]) * int(row["rank_steps"]) / 1e6
         assert loop_s <= float(row["server_cpu_s"]) + 0.02  # a thread of the server
         assert float(row["loop_busy_share"]) <= 1.05
+    # each row again in turns with VictoriaMetrics: slices of 32 rank-steps, whole steps
+    assert [int(r["turns_slice_steps"]) for r in rows] == [4, 1]
+    for row in rows:
+        assert row["client_cpus"] == "0" and int(row["turns_rounds"]) == 1
+        assert int(row["turns_rounds_at_1"]) == (float(row["turns_ratio"]) >= 1.0)
+        assert float(row["turns_ratio"]) == pytest.approx(
+            float(row["turns_rank_steps_per_s"]) / float(row["turns_victoria_rank_steps_per_s"]),
+            rel=1e-4,
+        )
+        for name in ("turns_cpu_us_per_value", "turns_victoria_cpu_us_per_value"):
+            assert math.isfinite(float(row[name])) and float(row[name]) > 0, (name, row[name])
+    table = done.stdout[done.stdout.index("In turns with VictoriaMetrics") :]
+    assert f"| sqlite | 64 | 1 × 1 | {float(rows[1]['turns_rank_steps_per_s']):.0f} |" in table
+    assert done.stderr.count(" ranks in turns: ") == 2
+    assert done.stderr.count("(warm-up)") == 4  # a warm-up round of two slices a row
     assert (tmp_path / "scale_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one line of progress per row, and one per Pushgateway anchor
     assert done.stderr.count(" ranks × ") == 2

@@ -14,16 +14,11 @@ import pytest
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "scale_paired.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from scale_paired import COLUMNS, Slice, _cpu_list, totals  # noqa: E402
+from scale_paired import COLUMNS, Slice, totals  # noqa: E402
 
 
 def _slice(round: int, side: str, done: int, elapsed_s: float) -> Slice:
     return Slice(round, side, 0, 1, done, 0.0, elapsed_s, 0.5, 0.25)
-
-
-def test_a_cpu_list_is_read_as_linux_writes_it() -> None:
-    assert _cpu_list("0") == {0}
-    assert _cpu_list("0,2-3") == {0, 2, 3}
 
 
 def test_the_figures_leave_the_warm_up_out_and_weigh_each_slice_by_its_time() -> None:
