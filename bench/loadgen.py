@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import orjson
+import procstat
 
 from steptally.service.settings import cpu_list
 
@@ -145,6 +146,7 @@ class Sent:
     finalised: list[list[int]]  # per answered request: the steps its answer finalised
     errors: list[str]
     cores: set[int] = field(default_factory=set)  # the cores the client could run on
+    machine_busy_s: float = 0.0  # procstat.machine_busy_s() when the client ended
 
 
 def _client(job: Job, barrier: Any, out: Any) -> None:
@@ -173,6 +175,7 @@ def _client(job: Job, barrier: Any, out: Any) -> None:
         elif job.answers:
             finalised.append([f["step"] for f in orjson.loads(body)["finalised"]])
     ended = time.monotonic()
+    machine = procstat.machine_busy_s()
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
     done = len(answered_at)
@@ -189,6 +192,7 @@ def _client(job: Job, barrier: Any, out: Any) -> None:
             finalised,
             errors,
             os.sched_getaffinity(0),
+            machine,
         )
     )
     conn.close()
@@ -215,6 +219,14 @@ class Blast:
     @property
     def errors(self) -> list[str]:
         return [e for s in self.sent for e in s.errors]
+
+    @property
+    def machine_busy_end_s(self) -> float:
+        """The machine's busy CPU seconds (:func:`procstat.machine_busy_s`) when the last
+        client ended: a window's end that leaves out the clients' exit and the hand-over
+        of their timings to this process, which for a window of a few tenths of a second
+        made the machine look more than 100 % busy."""
+        return max(self.sent, key=lambda s: s.ended).machine_busy_s
 
     @property
     def cores(self) -> set[int]:

@@ -315,8 +315,10 @@ class Window:
         self._b0 = self._backends.cpu()
         self._m0 = procstat.machine_busy_s()
 
-    def stop(self) -> None:
-        self.machine_s = procstat.machine_busy_s() - self._m0
+    def stop(self, done: Blast | None = None) -> None:
+        """The counters' ends; the machine's where the last client of ``done`` ended."""
+        end = procstat.machine_busy_s() if done is None else done.machine_busy_end_s
+        self.machine_s = end - self._m0
         self.server_s = sum(procstat.cpu_s(p) for p in self._servers) - sum(self._s0)
         # the main threads: each serving process's event loop (a supervisor's is idle)
         self.loop_s = sum(map(procstat.main_thread_cpu_s, self._servers)) - sum(self._l0)
@@ -607,7 +609,7 @@ def victoria_rate(
 
         timed = blast(jobs, on_start=counters, cpus=args.client_cpus)
         cpu_s = procstat.cpu_s(pid) - start["cpu"]
-        machine_s = procstat.machine_busy_s() - start["machine"]
+        machine_s = timed.machine_busy_end_s - start["machine"]
         assert not timed.errors, timed.errors[:3]
         # every value is there: VictoriaMetrics's buffers flushed, then one count
         httpx.get(f"http://127.0.0.1:{port}/internal/force_flush").raise_for_status()
@@ -671,7 +673,7 @@ def measure(
             listener = Listener(base, RUN)
             try:
                 result = blast(jobs, on_start=window.start, cpus=args.client_cpus)
-                window.stop()
+                window.stop(result)
                 events = listener.wait_for(set(range(steps)), timeout_s=120)
             finally:
                 listener.close()
@@ -683,7 +685,7 @@ def measure(
             latency, rtt = finalise_ms(result, events, steps)
             floor_window = Window([s.proc.pid for s in servers], backends)
             floor = blast(floor_jobs(jobs), on_start=floor_window.start, cpus=args.client_cpus)
-            floor_window.stop()
+            floor_window.stop(floor)
             assert not floor.errors, floor.errors[:3]
             rss = max(procstat.peak_rss_mb(p) for s in servers for p in procstat.family(s.proc.pid))
             exact = verify_exact(base, all_bodies)
@@ -799,7 +801,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (wall, cpu) = plt.subplots(1, 2, figsize=(16, 5.2))
+    paired = [r for r in rows if r["turns_rounds"] != ""]
+    fig, axes = plt.subplots(1, 3 if paired else 2, figsize=(24 if paired else 16, 5.2))
+    wall, cpu = axes[0], axes[1]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, name in enumerate(configs):
@@ -835,9 +839,31 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         (cpu, "CPU per value (µs): server + database, and client"),
     ):
         rank_axes(ax, xs, title)
+    if paired:
+        turns_plot(axes[2], paired, configs, colours)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def turns_plot(ax: Any, rows: list[dict[str, Any]], configs: list[str], colours: list[str]) -> None:
+    """Each configuration's rate over VictoriaMetrics' with its series stored, by ranks:
+    in turns (``--turns``) and, for comparison, the row's single measurement beside its
+    anchor; 1.0 drawn across."""
+    for i, name in enumerate(configs):
+        mine = sorted((r for r in rows if r["config"] == name), key=lambda r: r["ranks"])
+        if not mine:
+            continue
+        x = [r["ranks"] for r in mine]
+        c = colours[i % len(colours)]
+        ax.plot(x, [r["turns_ratio"] for r in mine], "o-", color=c, label=f"{name}: in turns")
+        single = [r["victoria_stored_ratio"] for r in mine]
+        ax.plot(x, single, "x:", color=c, alpha=0.6, label=f"{name}: the row, timed once")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    rounds = rows[0]["turns_rounds"]
+    title = f"× VictoriaMetrics, series stored ({rounds} rounds in turns)"
+    rank_axes(ax, sorted({r["ranks"] for r in rows}), title)
+    ax.set_yscale("linear")  # ratios near 1: a linear axis labels them all
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

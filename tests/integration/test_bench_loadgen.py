@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+import procstat
 from loadgen import Job, blast, request
 
 
@@ -50,6 +51,16 @@ def test_the_clients_run_where_the_kernel_puts_them_by_default(port: int) -> Non
     done = blast(_jobs(port, 2, 5))
     assert done.done == 10 and not done.errors
     assert done.cores == os.sched_getaffinity(0)
+
+
+def test_the_machine_counter_is_read_when_the_last_client_ends(port: int) -> None:
+    before = procstat.machine_busy_s()
+    done = blast(_jobs(port, 3, 50))
+    after = procstat.machine_busy_s()
+    last = max(done.sent, key=lambda s: s.ended)
+    assert done.machine_busy_end_s == last.machine_busy_s
+    assert before <= done.machine_busy_end_s <= after
+    assert all(s.machine_busy_s > 0 for s in done.sent)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell apart")

@@ -101,7 +101,8 @@ def test_quick_writes_a_csv_and_a_plot(tmp_path: Path) -> None:
             rel=1e-4,
         )
         for name in ("turns_cpu_us_per_value", "turns_victoria_cpu_us_per_value"):
-            assert math.isfinite(float(row[name])) and float(row[name]) > 0, (name, row[name])
+            # a slice this short can pass within one of the kernel's 10 ms CPU ticks
+            assert math.isfinite(float(row[name])) and float(row[name]) >= 0, (name, row[name])
     table = done.stdout[done.stdout.index("In turns with VictoriaMetrics") :]
     assert f"| sqlite | 64 | 1 × 1 | {float(rows[1]['turns_rank_steps_per_s']):.0f} |" in table
     assert done.stderr.count(" ranks in turns: ") == 2
