@@ -180,11 +180,14 @@ class SqlStore:
         the rules refuse, a group that goes one batch at a time, rolled back on a
         connection as good as before); elsewhere, one from the pool."""
         conn: Connection | None = getattr(self._local, "conn", None)
+        held = getattr(self._local, "locked", False)
+        if conn is None and held:  # the group's connection was dropped: the lock is still ours
+            conn = self._open_writer()
         if conn is None:
             with self._writers, transaction(self.engine, write=True) as conn:
                 yield conn
             return
-        lock = contextlib.nullcontext() if getattr(self._local, "locked", False) else self._writers
+        lock = contextlib.nullcontext() if held else self._writers
         try:
             with lock, conn.begin():
                 yield conn
@@ -207,9 +210,15 @@ class SqlStore:
     def _writer_connection(self) -> Iterator[None]:
         """Run the block (a group, on a writer thread) with the thread's own connection."""
         if getattr(self._local, "conn", None) is None:
-            self._local.conn = self.dialect.writer_connection(writing(self.engine.connect()))
-            self._held.add(self._local.conn)
+            self._open_writer()
         yield
+
+    def _open_writer(self) -> Connection:
+        """A new connection of the thread's own for its groups."""
+        conn = self.dialect.writer_connection(writing(self.engine.connect()))
+        self._local.conn = conn
+        self._held.add(conn)
+        return conn
 
     def _reloader(self, conn: Connection, run: RunRecord) -> sql_ingest.KeyedReload:
         """What reads ``run`` as it stands now, when a step of it is finalised (its key:

@@ -12,6 +12,8 @@ stored yet, none of its steps finalised: :func:`.sql_ingest.ingest_fresh`).
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -255,3 +257,46 @@ def test_two_batches_of_one_rank(sql_store: SqlStore, monkeypatch: Any) -> None:
     group = [_rank(0, 0, commit=False), ([], [(0, 0, 2)]), _rank(0, 1)]
     answers = _compare(sql_store, 2, [], group, merged=False, monkeypatch=monkeypatch)
     assert answers[2][3][0][1:3] == ("complete", 1)
+
+
+def test_a_group_the_event_loop_holds_goes_one_by_one_after_a_database_error(
+    sql_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's event loop stores a group holding the writer lock (``store_held``). An
+    error of the database's own (here a disk I/O error, raised once by the group's
+    write) drops the writer's connection; the group then goes one savepoint per batch
+    on a new one, under the lock the loop holds, instead of waiting for that lock
+    forever, and every batch is stored as it would be alone."""
+    if sql_store.dialect.name != "sqlite":
+        pytest.skip("the event loop stores SQLite's groups; PostgreSQL's has its own writer")
+    run = _register(sql_store, "g", 2)
+    items = [Pending(run, _prepared(run, _rank(0, r)), T0 + 1 + r, 0) for r in range(2)]
+    failed: list[bool] = []
+    real_fresh = sql_ingest.ingest_fresh
+
+    def failing_once(*args: Any) -> list[sql_ingest.Stored] | None:
+        if not failed:
+            failed.append(True)
+            raise sqlite3.OperationalError("disk I/O error")
+        return real_fresh(*args)
+
+    monkeypatch.setattr(sql_ingest, "ingest_fresh", failing_once)
+    assert sql_store._writers.try_enter()  # as the loop does before store_held
+    worker = threading.Thread(target=sql_store.store_held, args=(items,), daemon=True)
+    try:
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), "the group waits for the writer lock its caller holds"
+    finally:
+        sql_store._writers.__exit__(None, None, None)
+    worker.join(10)
+    assert failed == [True]
+    assert [p.error for p in items] == [None, None]
+    assert [_answer(p.outcome) for p in items] == [
+        (2, 0, 1, []),
+        (2, 0, 1, [(0, "complete", 1, T0 + 2)]),
+    ]
+    alone = _register(sql_store, "s", 2)
+    for r in range(2):
+        sql_store.ingest(alone, _prepared(alone, _rank(0, r)), T0 + 1 + r)
+    assert _steps(sql_store, run) == _steps(sql_store, alone)  # the same step, exactly
